@@ -1,0 +1,171 @@
+"""Hugging Face interop: load a local HF folder into a Decoder, write one back.
+
+`from_pretrained(path)` reads config.json and single or sharded safetensors and places each
+tensor straight into its sharding when a mesh is given (or set with `jax.set_mesh`): every
+host builds only the shards it owns. `save_pretrained(model, path)` gathers the parameters
+(across hosts too), and process 0 writes config.json, safetensors and the tokenizer files
+that `transformers.AutoModelForCausalLM.from_pretrained` reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import weakref
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from cardjax.errors import CheckpointError
+from cardjax.hf.config import hf_config_from_model, model_config_from_hf, read_config_json
+from cardjax.hf.safetensors_io import SafetensorsReader, write_safetensors
+from cardjax.hf.weights import IGNORED_HF_KEYS, from_hf, hf_name, hf_shape, to_hf
+from cardjax.model.config import ModelConfig
+from cardjax.model.create import abstract_model
+from cardjax.model.decoder import Decoder
+from cardjax.parallel.sharding import param_shardings
+
+log = logging.getLogger("cardjax.hf")
+
+# Files copied alongside the weights so the export is a complete HF model folder.
+ASSET_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+               "special_tokens_map.json", "added_tokens.json", "tokenizer.model",
+               "chat_template.jinja", "chat_template.json", "generation_config.json")
+
+# Where each loaded model came from, so save_pretrained can copy its tokenizer files.
+_SOURCES: "weakref.WeakKeyDictionary[Decoder, Path]" = weakref.WeakKeyDictionary()
+
+
+def _key_name(key) -> str:
+  for attr in ("key", "idx", "name"):
+    if hasattr(key, attr):
+      return str(getattr(key, attr))
+  return str(key)
+
+
+def _path(path) -> str:
+  return ".".join(_key_name(k) for k in path)
+
+
+def _hf_names(path: str, cfg: ModelConfig) -> list[tuple[str, str]]:
+  """[(HF name, layout)] for one cardjax parameter; a stacked layer param has one per layer."""
+  if cfg.scan_layers and path.startswith("layers."):
+    rest = path[len("layers."):]
+    return [hf_name(f"layers.{i}.{rest}") for i in range(cfg.num_layers)]
+  return [hf_name(path)]
+
+
+def asset_files(directory: str | Path) -> list[Path]:
+  directory = Path(directory)
+  return [directory / name for name in ASSET_FILES if (directory / name).is_file()]
+
+
+def from_pretrained(path: str | Path, mesh=None, **overrides) -> Decoder:
+  """Load a local HF folder. `overrides` set ModelConfig fields HF does not have
+  (dtype, param_dtype, scan_layers, remat, mask_token_id, ...)."""
+  path = Path(path)
+  cfg = model_config_from_hf(read_config_json(path), source=str(path / "config.json"),
+                             **overrides)
+  reader = SafetensorsReader(path)
+  if mesh is None and not jax.sharding.get_abstract_mesh().empty:
+    mesh = jax.sharding.get_mesh()  # the mesh set with `jax.set_mesh`
+  graphdef, abstract_state = nnx.split(abstract_model(cfg))
+  shardings = param_shardings(abstract_state, mesh) if mesh is not None else None
+  used: set[str] = set()
+
+  def load(key_path, variable, sharding=None):
+    path_str = _path(key_path)
+    shape = tuple(variable.value.shape)
+    dtype = variable.value.dtype
+    names = _hf_names(path_str, cfg)
+    stacked = cfg.scan_layers and path_str.startswith("layers.")
+    per_layer = shape[1:] if stacked else shape
+    arrays = []
+    for name, layout in names:
+      if name not in reader:
+        raise CheckpointError(f"tensor {name!r} (for {path_str}, HF shape "
+                              f"{list(hf_shape(per_layer, layout))}) is missing from {path}")
+      try:
+        arrays.append(from_hf(reader.get(name), layout, per_layer).astype(dtype))
+      except ValueError as e:
+        raise CheckpointError(f"tensor {name!r} in {reader.file_of(name)} has the wrong "
+                              f"{e} (config.json says so)") from None
+      used.add(name)
+    array = np.stack(arrays) if stacked else arrays[0]
+    if sharding is None:
+      return variable.replace(jnp.asarray(array))
+    s = sharding.value
+    return variable.replace(jax.make_array_from_callback(shape, s, lambda idx: array[idx]))
+
+  is_var = lambda x: isinstance(x, nnx.Variable)
+  if shardings is None:
+    state = jax.tree_util.tree_map_with_path(load, abstract_state, is_leaf=is_var)
+  else:
+    state = jax.tree_util.tree_map_with_path(load, abstract_state, shardings, is_leaf=is_var)
+  unused = [k for k in reader.keys() if k not in used and not k.endswith(IGNORED_HF_KEYS)
+            and not (cfg.tie_word_embeddings and k == "lm_head.weight")]
+  if unused:
+    log.warning("%d tensors in %s were not used: %s", len(unused), path, unused[:8])
+  model = nnx.merge(graphdef, state)
+  _SOURCES[model] = path
+  return model
+
+
+def _gather(x) -> np.ndarray:
+  """A host numpy copy of a (possibly multi-host sharded) array."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(jax.device_get(x))
+
+
+def hf_tensors(model: Decoder, dtype: str | None = None):
+  """Yield (HF name, numpy array) for every parameter, in `dtype` (default param_dtype)."""
+  cfg = model.cfg
+  np_dtype = jnp.dtype(dtype or cfg.param_dtype)
+  flat = jax.tree_util.tree_flatten_with_path(
+      nnx.state(model, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable))[0]
+  for key_path, variable in flat:
+    path_str = _path(key_path)
+    array = _gather(variable.value).astype(np_dtype)
+    names = _hf_names(path_str, cfg)
+    if cfg.scan_layers and path_str.startswith("layers."):
+      for (name, layout), layer in zip(names, array):
+        yield name, to_hf(layer, layout)
+    else:
+      name, layout = names[0]
+      yield name, to_hf(array, layout)
+
+
+def save_pretrained(model: Decoder, path: str | Path, dtype: str | None = None,
+                    assets_from: str | Path | None = None,
+                    max_shard_bytes: int = 5 * 2**30) -> Path:
+  """Write `model` as a HF folder. Every process must call it (the gather is collective);
+  only process 0 writes. Tokenizer files come from `assets_from`, else from the folder the
+  model was loaded from."""
+  import json
+
+  cfg = model.cfg
+  dtype = dtype or cfg.param_dtype
+  config = hf_config_from_model(cfg, dtype)
+  tensors = hf_tensors(model, dtype)
+  path = Path(path)
+  if jax.process_index() != 0:
+    for _ in tensors:  # take part in every gather, write nothing
+      pass
+    return path
+  path.mkdir(parents=True, exist_ok=True)
+  write_safetensors(path, tensors, max_shard_bytes=max_shard_bytes)
+  source = Path(assets_from) if assets_from is not None else _SOURCES.get(model)
+  if source is not None:
+    for f in asset_files(source):
+      shutil.copyfile(f, path / f.name)
+  (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+  return path
+
+
+__all__ = ["from_pretrained", "save_pretrained", "hf_tensors", "asset_files",
+           "model_config_from_hf", "hf_config_from_model", "SafetensorsReader"]

@@ -1,0 +1,59 @@
+"""Multi-head attention with grouped kv heads, rotary positions and optional biases."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from flax import nnx
+
+from cardjax import attention as attn_lib
+from cardjax.model.config import ModelConfig
+from cardjax.model.layers import param
+from cardjax.model.rope import apply_rope, inverse_frequencies
+from cardjax.parallel.sharding import constrain
+
+
+class Attention(nnx.Module):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    d, h, kv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
+    pd, s = jnp.dtype(cfg.param_dtype), cfg.initializer_range
+    self.dtype = jnp.dtype(cfg.dtype)
+    self.impl = cfg.attention_impl
+    self.inv_freq = tuple(float(f) for f in inverse_frequencies(cfg))
+    self.q = param(rngs, (d, h, hd), ("embed", "heads", "head_dim"), pd, scale=s)
+    self.k = param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), pd, scale=s)
+    self.v = param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), pd, scale=s)
+    self.o = param(rngs, (h, hd, d), ("heads", "head_dim", "embed"), pd, scale=s)
+    self.qkv_bias, self.o_bias = cfg.qkv_bias, cfg.o_bias
+    if cfg.qkv_bias:
+      self.q_bias = param(rngs, (h, hd), ("heads", "head_dim"), pd, "zeros")
+      self.k_bias = param(rngs, (kv, hd), ("kv_heads", "head_dim"), pd, "zeros")
+      self.v_bias = param(rngs, (kv, hd), ("kv_heads", "head_dim"), pd, "zeros")
+    if cfg.o_bias:
+      self.out_bias = param(rngs, (d,), ("embed",), pd, "zeros")
+
+  def project(self, x, meta):
+    """q, k, v for x [b, t, d], with rotary positions applied to q and k."""
+    dt = self.dtype
+    q = jnp.einsum("btd,dhk->bthk", x, self.q.value.astype(dt))
+    k = jnp.einsum("btd,dhk->bthk", x, self.k.value.astype(dt))
+    v = jnp.einsum("btd,dhk->bthk", x, self.v.value.astype(dt))
+    if self.qkv_bias:
+      q = q + self.q_bias.value.astype(dt)
+      k = k + self.k_bias.value.astype(dt)
+      v = v + self.v_bias.value.astype(dt)
+    positions = meta[0]
+    q = constrain(apply_rope(q, positions, self.inv_freq), ("act_batch", "act_seq", "act_heads", None))
+    k = constrain(apply_rope(k, positions, self.inv_freq), ("act_batch", "act_seq", "act_kv_heads", None))
+    v = constrain(v, ("act_batch", "act_seq", "act_kv_heads", None))
+    return q, k, v
+
+  def output(self, ctx):
+    out = jnp.einsum("bthk,hkd->btd", ctx, self.o.value.astype(self.dtype))
+    if self.o_bias:
+      out = out + self.out_bias.value.astype(self.dtype)
+    return out
+
+  def __call__(self, x, meta, spec: attn_lib.MaskSpec):
+    q, k, v = self.project(x, meta)
+    ctx = attn_lib.attend(q, k, v, spec, meta, meta, impl=self.impl)
+    return self.output(ctx)

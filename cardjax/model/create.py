@@ -1,0 +1,34 @@
+"""Create a Decoder: abstractly (shapes only), on one device, or straight into a mesh."""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from cardjax.model.config import ModelConfig
+from cardjax.model.decoder import Decoder
+from cardjax.parallel.sharding import param_shardings
+
+
+def abstract_model(cfg: ModelConfig) -> Decoder:
+  """A Decoder whose parameters are ShapeDtypeStructs: no memory, no compute."""
+  return nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+
+
+def create_model(cfg: ModelConfig, seed: int = 0, mesh=None) -> Decoder:
+  """Random-init a Decoder. With a mesh, each parameter is created in its own sharding
+  (one jit with out_shardings), so no host ever holds the whole model."""
+  if mesh is None:
+    return Decoder(cfg, rngs=nnx.Rngs(seed))
+  graphdef, abstract_state = nnx.split(abstract_model(cfg))
+  shardings = param_shardings(abstract_state, mesh)
+
+  init = jax.jit(lambda: nnx.split(Decoder(cfg, rngs=nnx.Rngs(seed)))[1],
+                 out_shardings=shardings)
+  with jax.set_mesh(mesh):
+    state = init()
+  return nnx.merge(graphdef, state)
+
+
+def param_count(model: Decoder) -> int:
+  return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

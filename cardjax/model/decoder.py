@@ -1,0 +1,127 @@
+"""The decoder: embeddings, N pre-norm blocks (attention + SwiGLU), final norm, LM head.
+
+Layers are either a list of blocks or, with `scan_layers`, one block whose parameters are
+stacked on a leading 'layers' axis and run under `lax.scan` (one compiled block: faster
+compiles and smaller HLO for deep models). Both run each block through the same pure
+function, so remat applies identically.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from cardjax import attention as attn_lib
+from cardjax.errors import CardjaxError
+from cardjax.model.attention import Attention
+from cardjax.model.config import ModelConfig
+from cardjax.model.layers import MLP, RMSNorm, param
+from cardjax.parallel.sharding import constrain
+
+_REMAT = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_saveable,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+class Block(nnx.Module):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.attn_norm = RMSNorm(cfg, rngs)
+    self.attn = Attention(cfg, rngs)
+    self.mlp_norm = RMSNorm(cfg, rngs)
+    self.mlp = MLP(cfg, rngs)
+
+  def __call__(self, x, meta, spec):
+    x = x + self.attn(self.attn_norm(x), meta, spec)
+    x = x + self.mlp(self.mlp_norm(x))
+    return constrain(x, ("act_batch", "act_seq", "act_embed"))
+
+
+def _run_block(graphdef, state, x, meta, spec):
+  return nnx.merge(graphdef, state)(x, meta, spec)
+
+
+class Decoder(nnx.Module):
+  """`logits = model(tokens)` with tokens int32 [batch, seq] -> [batch, seq, vocab]."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    cfg.validate()
+    self.cfg = cfg
+    pd = jnp.dtype(cfg.param_dtype)
+    self.embed = param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd,
+                       scale=cfg.initializer_range)
+    if cfg.scan_layers:
+      @nnx.split_rngs(splits=cfg.num_layers)
+      @nnx.vmap(in_axes=(0,), out_axes=0)
+      def stacked(rngs):
+        return Block(cfg, rngs)
+
+      self.layers = stacked(rngs)
+    else:
+      self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+    self.final_norm = RMSNorm(cfg, rngs)
+    if not cfg.tie_word_embeddings:
+      # Same [vocab, embed] layout as the embedding, so tied and untied share one matmul.
+      self.lm_head = param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd,
+                           scale=cfg.initializer_range)
+
+  def __call__(self, tokens, positions=None, segment_ids=None, mask=None, streams=None):
+    """Run the decoder.
+
+    tokens: int32 [batch, seq]. positions: [batch, seq] position ids (default 0..seq-1).
+    segment_ids: [batch, seq], packed documents never attend across ids (default all 1).
+    mask: an attention MaskSpec (default causal). streams: [batch, seq] 0 clean / 1 noisy
+    for the dual-stream patterns (default all 0).
+    """
+    cfg = self.cfg
+    tokens = jnp.asarray(tokens)
+    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+      raise CardjaxError(f"tokens must be an integer array [batch, seq], got "
+                         f"{tokens.dtype}{list(tokens.shape)}")
+    _check_token_range(tokens, cfg.vocab_size)
+    b, t = tokens.shape
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    if segment_ids is None:
+      segment_ids = jnp.ones((b, t), jnp.int32)
+    if streams is None:
+      streams = jnp.zeros((b, t), jnp.int32)
+    spec = attn_lib.CAUSAL if mask is None else mask
+    meta = (jnp.asarray(positions, jnp.int32), jnp.asarray(streams, jnp.int32),
+            jnp.asarray(segment_ids, jnp.int32))
+
+    dt = jnp.dtype(cfg.dtype)
+    x = jnp.take(self.embed.value, tokens, axis=0).astype(dt)
+    x = constrain(x, ("act_batch", "act_seq", "act_embed"))
+
+    run = _run_block
+    if cfg.remat != "none":
+      run = jax.checkpoint(_run_block, policy=_REMAT[cfg.remat], static_argnums=(0, 4))
+    if cfg.scan_layers:
+      graphdef, state = nnx.split(self.layers)
+      x, _ = jax.lax.scan(lambda h, s: (run(graphdef, s, h, meta, spec), None), x, state)
+    else:
+      for block in self.layers:
+        graphdef, state = nnx.split(block)
+        x = run(graphdef, state, x, meta, spec)
+
+    x = self.final_norm(x)
+    head = self.embed if cfg.tie_word_embeddings else self.lm_head
+    logits = jnp.einsum("btd,vd->btv", x, head.value.astype(dt))
+    return constrain(logits, ("act_batch", "act_seq", "act_vocab"))
+
+
+def _check_token_range(tokens, vocab_size: int) -> None:
+  """Eager inputs are checked here (a traced jit input is checked by the data pipeline)."""
+  if isinstance(tokens, jax.core.Tracer) or tokens.size == 0:
+    return
+  if isinstance(tokens, jax.Array) and not tokens.is_fully_addressable:
+    return
+  values = np.asarray(tokens)
+  lo, hi = int(values.min()), int(values.max())
+  if lo < 0 or hi >= vocab_size:
+    raise CardjaxError(f"token ids must lie in [0, vocab_size={vocab_size}), got min {lo} "
+                       f"max {hi}; check the tokenizer matches the model (model.vocab_size)")

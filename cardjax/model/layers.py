@@ -1,0 +1,66 @@
+"""Small building blocks: RMSNorm, the SwiGLU MLP, and a parameter helper.
+
+Every parameter carries `logical_axes` metadata, read by cardjax.parallel.sharding.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from cardjax.model.config import ModelConfig
+from cardjax.parallel.sharding import constrain
+
+
+def param(rngs: nnx.Rngs | None, shape, axes, dtype, init: str = "normal", scale: float = 0.02):
+  """An nnx.Param with logical axis names; init is 'normal', 'zeros' or 'ones'."""
+  if init == "normal":
+    value = scale * jax.random.normal(rngs.params(), shape, dtype)
+  elif init == "zeros":
+    value = jnp.zeros(shape, dtype)
+  else:
+    value = jnp.ones(shape, dtype)
+  return nnx.Param(value, logical_axes=tuple(axes))
+
+
+class RMSNorm(nnx.Module):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.eps = cfg.rms_norm_eps
+    self.scale = param(rngs, (cfg.hidden_size,), ("embed",), jnp.dtype(cfg.param_dtype), "ones")
+
+  def __call__(self, x):
+    # Normalise in float32, then scale in the compute dtype (as the HF reference does).
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+    return self.scale.value.astype(x.dtype) * xf.astype(x.dtype)
+
+
+class MLP(nnx.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    d, f = cfg.hidden_size, cfg.intermediate_size
+    pd, s = jnp.dtype(cfg.param_dtype), cfg.initializer_range
+    self.dtype = jnp.dtype(cfg.dtype)
+    self.gate = param(rngs, (d, f), ("embed", "mlp"), pd, scale=s)
+    self.up = param(rngs, (d, f), ("embed", "mlp"), pd, scale=s)
+    self.down = param(rngs, (f, d), ("mlp", "embed"), pd, scale=s)
+    self.bias = cfg.mlp_bias
+    if cfg.mlp_bias:
+      self.gate_bias = param(rngs, (f,), ("mlp",), pd, "zeros")
+      self.up_bias = param(rngs, (f,), ("mlp",), pd, "zeros")
+      self.down_bias = param(rngs, (d,), ("embed",), pd, "zeros")
+
+  def __call__(self, x):
+    dt = self.dtype
+    gate = x @ self.gate.value.astype(dt)
+    up = x @ self.up.value.astype(dt)
+    if self.bias:
+      gate = gate + self.gate_bias.value.astype(dt)
+      up = up + self.up_bias.value.astype(dt)
+    h = constrain(jax.nn.silu(gate) * up, ("act_batch", "act_seq", "act_mlp"))
+    out = h @ self.down.value.astype(dt)
+    if self.bias:
+      out = out + self.down_bias.value.astype(dt)
+    return out

@@ -1,0 +1,40 @@
+"""Build the (data, fsdp, tensor) device mesh from the config's `mesh` section."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+from jax.sharding import AxisType
+
+from cardjax.errors import ConfigError
+from cardjax.parallel.sharding import MESH_AXES
+
+
+def mesh_shape(data: int = 1, fsdp: int = -1, tensor: int = 1, num_devices: int | None = None):
+  """Resolve one -1 entry to the devices left over; check the product."""
+  n = jax.device_count() if num_devices is None else num_devices
+  sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
+  free = [k for k, v in sizes.items() if v == -1]
+  if len(free) > 1:
+    raise ConfigError(f"mesh: at most one axis may be -1, got {sizes}")
+  for k, v in sizes.items():
+    if v == 0 or v < -1:
+      raise ConfigError(f"mesh.{k}={v}: use a positive size or -1 (fill)")
+  fixed = math.prod(v for v in sizes.values() if v != -1)
+  if free:
+    if n % fixed:
+      raise ConfigError(f"mesh {sizes}: {n} devices are not divisible by {fixed}")
+    sizes[free[0]] = n // fixed
+  if math.prod(sizes.values()) != n:
+    raise ConfigError(f"mesh {sizes} needs {math.prod(sizes.values())} devices, "
+                      f"but {n} are available; set one axis to -1 to fill")
+  return tuple(sizes[a] for a in MESH_AXES)
+
+
+def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices=None):
+  """A mesh with Auto axes (XLA propagates shardings we do not pin)."""
+  devices = jax.devices() if devices is None else devices
+  shape = mesh_shape(data, fsdp, tensor, len(devices))
+  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
+                       devices=devices)
