@@ -78,8 +78,8 @@ def from_pretrained(path: str | Path, mesh=None, **overrides) -> Decoder:
 
   def load(key_path, variable, sharding=None):
     path_str = _path(key_path)
-    shape = tuple(variable.value.shape)
-    dtype = variable.value.dtype
+    shape = tuple(variable.get_value().shape)
+    dtype = variable.get_value().dtype
     names = _hf_names(path_str, cfg)
     stacked = cfg.scan_layers and path_str.startswith("layers.")
     per_layer = shape[1:] if stacked else shape
@@ -97,7 +97,7 @@ def from_pretrained(path: str | Path, mesh=None, **overrides) -> Decoder:
     array = np.stack(arrays) if stacked else arrays[0]
     if sharding is None:
       return variable.replace(jnp.asarray(array))
-    s = sharding.value
+    s = sharding.get_value()
     return variable.replace(jax.make_array_from_callback(shape, s, lambda idx: array[idx]))
 
   is_var = lambda x: isinstance(x, nnx.Variable)
@@ -130,7 +130,7 @@ def hf_tensors(model: Decoder, dtype: str | None = None):
       nnx.state(model, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable))[0]
   for key_path, variable in flat:
     path_str = _path(key_path)
-    array = _gather(variable.value).astype(np_dtype)
+    array = _gather(variable.get_value()).astype(np_dtype)
     names = _hf_names(path_str, cfg)
     if cfg.scan_layers and path_str.startswith("layers."):
       for (name, layout), layer in zip(names, array):

@@ -34,13 +34,13 @@ class Attention(nnx.Module):
   def project(self, x, meta):
     """q, k, v for x [b, t, d], with rotary positions applied to q and k."""
     dt = self.dtype
-    q = jnp.einsum("btd,dhk->bthk", x, self.q.value.astype(dt))
-    k = jnp.einsum("btd,dhk->bthk", x, self.k.value.astype(dt))
-    v = jnp.einsum("btd,dhk->bthk", x, self.v.value.astype(dt))
+    q = jnp.einsum("btd,dhk->bthk", x, self.q[...].astype(dt))
+    k = jnp.einsum("btd,dhk->bthk", x, self.k[...].astype(dt))
+    v = jnp.einsum("btd,dhk->bthk", x, self.v[...].astype(dt))
     if self.qkv_bias:
-      q = q + self.q_bias.value.astype(dt)
-      k = k + self.k_bias.value.astype(dt)
-      v = v + self.v_bias.value.astype(dt)
+      q = q + self.q_bias[...].astype(dt)
+      k = k + self.k_bias[...].astype(dt)
+      v = v + self.v_bias[...].astype(dt)
     positions = meta[0]
     q = constrain(apply_rope(q, positions, self.inv_freq), ("act_batch", "act_seq", "act_heads", None))
     k = constrain(apply_rope(k, positions, self.inv_freq), ("act_batch", "act_seq", "act_kv_heads", None))
@@ -48,9 +48,9 @@ class Attention(nnx.Module):
     return q, k, v
 
   def output(self, ctx):
-    out = jnp.einsum("bthk,hkd->btd", ctx, self.o.value.astype(self.dtype))
+    out = jnp.einsum("bthk,hkd->btd", ctx, self.o[...].astype(self.dtype))
     if self.o_bias:
-      out = out + self.out_bias.value.astype(self.dtype)
+      out = out + self.out_bias[...].astype(self.dtype)
     return out
 
   def __call__(self, x, meta, spec: attn_lib.MaskSpec):

@@ -94,7 +94,7 @@ class Decoder(nnx.Module):
             jnp.asarray(segment_ids, jnp.int32))
 
     dt = jnp.dtype(cfg.dtype)
-    x = jnp.take(self.embed.value, tokens, axis=0).astype(dt)
+    x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)
     x = constrain(x, ("act_batch", "act_seq", "act_embed"))
 
     run = _run_block
@@ -110,7 +110,7 @@ class Decoder(nnx.Module):
 
     x = self.final_norm(x)
     head = self.embed if cfg.tie_word_embeddings else self.lm_head
-    logits = jnp.einsum("btd,vd->btv", x, head.value.astype(dt))
+    logits = jnp.einsum("btd,vd->btv", x, head[...].astype(dt))
     return constrain(logits, ("act_batch", "act_seq", "act_vocab"))
 
 

@@ -33,7 +33,7 @@ class RMSNorm(nnx.Module):
     # Normalise in float32, then scale in the compute dtype (as the HF reference does).
     xf = x.astype(jnp.float32)
     xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
-    return self.scale.value.astype(x.dtype) * xf.astype(x.dtype)
+    return self.scale[...].astype(x.dtype) * xf.astype(x.dtype)
 
 
 class MLP(nnx.Module):
@@ -54,13 +54,13 @@ class MLP(nnx.Module):
 
   def __call__(self, x):
     dt = self.dtype
-    gate = x @ self.gate.value.astype(dt)
-    up = x @ self.up.value.astype(dt)
+    gate = x @ self.gate[...].astype(dt)
+    up = x @ self.up[...].astype(dt)
     if self.bias:
-      gate = gate + self.gate_bias.value.astype(dt)
-      up = up + self.up_bias.value.astype(dt)
+      gate = gate + self.gate_bias[...].astype(dt)
+      up = up + self.up_bias[...].astype(dt)
     h = constrain(jax.nn.silu(gate) * up, ("act_batch", "act_seq", "act_mlp"))
-    out = h @ self.down.value.astype(dt)
+    out = h @ self.down[...].astype(dt)
     if self.bias:
-      out = out + self.down_bias.value.astype(dt)
+      out = out + self.down_bias[...].astype(dt)
     return out

@@ -95,7 +95,7 @@ def constrain(x, names: Sequence[str | None]):
 def param_axes(variable) -> tuple[str | None, ...]:
   """Logical axes of an nnx Variable; stacked (scanned) layers gain a leading 'layers'."""
   axes = tuple(variable.get_metadata().get("logical_axes", ()))
-  ndim = len(variable.value.shape)
+  ndim = len(variable.get_value().shape)
   if len(axes) == ndim - 1:
     axes = ("layers",) + axes
   if len(axes) != ndim:
@@ -110,7 +110,7 @@ def param_shardings(abstract_state, mesh):
   mesh_shape = dict(mesh.shape)
 
   def one(variable):
-    spec = logical_to_spec(param_axes(variable), variable.value.shape, mesh_shape)
+    spec = logical_to_spec(param_axes(variable), variable.get_value().shape, mesh_shape)
     return variable.replace(NamedSharding(mesh, spec))
 
   return jax.tree.map(one, abstract_state, is_leaf=lambda x: isinstance(x, nnx.Variable))

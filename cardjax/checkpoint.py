@@ -1,0 +1,118 @@
+"""Orbax checkpoints of a model: `params` (the nnx parameter tree) and `model_config` (JSON).
+
+Layout: DIR/<step>/{params,model_config}/ managed by an orbax CheckpointManager, plus
+DIR/hf_assets/ holding the tokenizer files of an imported HF model. Orbax writes each step
+to a temporary folder and renames it when complete, so an interrupted save never becomes
+the latest step. The trainer adds more items (optimizer state, data iterator, config) to
+the same manager; these functions read and write only the model's two.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import jax
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from cardjax.errors import CheckpointError
+from cardjax.model.config import ModelConfig
+from cardjax.model.create import abstract_model
+from cardjax.model.decoder import Decoder
+from cardjax.parallel.sharding import param_shardings
+
+ASSETS = "hf_assets"
+
+
+def manager(directory: str | Path, max_to_keep: int | None = None, create: bool = True,
+            async_save: bool = False) -> ocp.CheckpointManager:
+  options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create,
+                                         enable_async_checkpointing=async_save)
+  return ocp.CheckpointManager(Path(directory).absolute(), options=options)
+
+
+def save_model(directory: str | Path, model: Decoder, step: int = 0,
+               assets_from: str | Path | None = None) -> Path:
+  """Save the parameters and model config as `step`; copy tokenizer files once."""
+  directory = Path(directory).absolute()
+  params = nnx.state(model, nnx.Param).to_pure_dict()
+  with manager(directory) as mngr:
+    mngr.save(step, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(params),
+        model_config=ocp.args.JsonSave(model.cfg.to_dict())))
+    mngr.wait_until_finished()
+  if assets_from is not None and jax.process_index() == 0:
+    from cardjax.hf import asset_files
+
+    files = asset_files(assets_from)
+    if files:
+      (directory / ASSETS).mkdir(exist_ok=True)
+      for f in files:
+        shutil.copyfile(f, directory / ASSETS / f.name)
+  return directory
+
+
+def _existing(directory: str | Path) -> Path:
+  directory = Path(directory).absolute()
+  if not directory.is_dir():
+    raise CheckpointError(f"checkpoint directory {directory} does not exist")
+  return directory
+
+
+def latest_step(directory: str | Path) -> int:
+  directory = _existing(directory)
+  with manager(directory, create=False) as mngr:
+    step = mngr.latest_step()
+  if step is None:
+    raise CheckpointError(f"{directory} holds no complete checkpoint step (an interrupted "
+                          "save leaves only a temporary folder, which is never read)")
+  return step
+
+
+def read_model_config(directory: str | Path, step: int | None = None) -> ModelConfig:
+  directory = _existing(directory)
+  step = latest_step(directory) if step is None else step
+  with manager(directory, create=False) as mngr:
+    if step not in mngr.all_steps():
+      raise CheckpointError(f"{directory} has no step {step}; it has {mngr.all_steps()}")
+    if not (directory / str(step) / "model_config").exists():
+      raise CheckpointError(f"{directory}/{step} has no model_config item; is it a cardjax "
+                            "checkpoint?")
+    values = mngr.restore(step, args=ocp.args.Composite(
+        model_config=ocp.args.JsonRestore()))["model_config"]
+  return ModelConfig.from_dict(values)
+
+
+def restore_model(directory: str | Path, step: int | None = None, mesh=None,
+                  **overrides) -> tuple[Decoder, int]:
+  """(model, step) from a checkpoint; each parameter lands in its sharding on `mesh`.
+
+  `overrides` change run-time fields (dtype, remat, attention_impl); fields that change the
+  parameter tree (shapes, scan_layers, biases) must match the saved model.
+  """
+  directory = _existing(directory)
+  step = latest_step(directory) if step is None else step
+  saved = read_model_config(directory, step)
+  structural = {"dtype", "remat", "attention_impl", "mask_token_id", "bos_token_id",
+                "eos_token_id", "pad_token_id", "max_position_embeddings"}
+  for key, value in overrides.items():
+    if key not in structural and getattr(saved, key, value) != value:
+      raise CheckpointError(f"{directory}/{step} was saved with model.{key}="
+                            f"{getattr(saved, key)!r}; it cannot be restored as {value!r}")
+  cfg = ModelConfig.from_dict({**saved.to_dict(), **overrides})
+  graphdef, abstract_state = nnx.split(abstract_model(cfg))
+  if mesh is not None:
+    abstract_state = jax.tree.map(
+        lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s), abstract_state,
+        param_shardings(abstract_state, mesh))
+  target = abstract_state.to_pure_dict()
+  with manager(directory, create=False) as mngr:
+    try:
+      restored = mngr.restore(step, args=ocp.args.Composite(
+          params=ocp.args.StandardRestore(target)))["params"]
+    except (ValueError, KeyError) as e:
+      raise CheckpointError(f"{directory}/{step}: the saved parameters do not match the "
+                            f"model config: {e}") from None
+  nnx.replace_by_pure_dict(abstract_state, restored)
+  return nnx.merge(graphdef, abstract_state), step

@@ -1,0 +1,153 @@
+"""The `cardjax` command.
+
+  cardjax config     --config configs/tiny.py [--config.k=v ...]   print the resolved config
+  cardjax init       --config configs/tiny.py --workdir DIR          random-init checkpoint
+  cardjax import-hf  HF_DIR CKPT_DIR [--dtype D] [--scan-layers]     HF folder -> orbax
+  cardjax export-hf  CKPT_DIR HF_DIR [--step N] [--dtype D]          orbax -> HF folder
+  cardjax demo       [--workdir runs/demo]                           the end-to-end demo
+
+Errors the user can fix print one line (`cardjax: error: ...`) and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+from cardjax.errors import CardjaxError
+
+log = logging.getLogger("cardjax")
+
+
+def _config_arg(parser: argparse.ArgumentParser, required: bool = True) -> None:
+  parser.add_argument("--config", required=required,
+                      help="config file (path.py or path.py:arg); override fields with "
+                           "--config.section.key=value")
+
+
+def _mesh():
+  """All local devices on the fsdp axis: large models load sharded, small ones replicate."""
+  import jax
+
+  from cardjax.parallel import make_mesh
+  return make_mesh(1, -1, 1) if jax.device_count() > 1 else None
+
+
+def cmd_config(args, overrides) -> None:
+  from cardjax.config import load_config
+  print(load_config(args.config, overrides))
+
+
+def cmd_init(args, overrides) -> None:
+  from cardjax import checkpoint
+  from cardjax.config import load_config, model_config
+  from cardjax.model import create_model, param_count
+
+  config = load_config(args.config, overrides)
+  model = create_model(model_config(config), seed=config.seed, mesh=_mesh())
+  path = checkpoint.save_model(Path(args.workdir) / "checkpoints", model, step=0)
+  print(f"initialised {param_count(model):,} parameters -> {path}")
+
+
+def cmd_import_hf(args, overrides) -> None:
+  from cardjax import checkpoint, hf
+  from cardjax.model import param_count
+
+  if overrides:
+    raise CardjaxError(f"import-hf takes no --config overrides, got {overrides}")
+  extra = {"scan_layers": args.scan_layers}
+  if args.param_dtype:
+    extra["param_dtype"] = args.param_dtype
+  if args.mask_token_id is not None:
+    extra["mask_token_id"] = args.mask_token_id
+  start = time.time()
+  model = hf.from_pretrained(args.hf_dir, mesh=_mesh(), **extra)
+  path = checkpoint.save_model(args.checkpoint_dir, model, step=args.step,
+                               assets_from=args.hf_dir)
+  print(f"imported {param_count(model):,} parameters from {args.hf_dir} -> {path} "
+        f"(step {args.step}, {time.time() - start:.1f}s)")
+
+
+def cmd_export_hf(args, overrides) -> None:
+  from cardjax import checkpoint, hf
+
+  if overrides:
+    raise CardjaxError(f"export-hf takes no --config overrides, got {overrides}")
+  model, step = checkpoint.restore_model(args.checkpoint_dir, step=args.step, mesh=_mesh())
+  assets = Path(args.checkpoint_dir) / checkpoint.ASSETS
+  out = hf.save_pretrained(model, args.hf_dir, dtype=args.dtype,
+                           assets_from=assets if assets.is_dir() else None,
+                           max_shard_bytes=int(args.max_shard_gb * 2**30))
+  print(f"exported step {step} of {args.checkpoint_dir} -> {out}")
+
+
+def cmd_demo(args, overrides) -> None:
+  from cardjax.demo import run_demo
+  run_demo(args.workdir, overrides)
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(prog="cardjax", description=__doc__, allow_abbrev=False,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+  sub = parser.add_subparsers(dest="command", required=True)
+
+  p = sub.add_parser("config", help="print the resolved, validated config")
+  _config_arg(p)
+  p.set_defaults(fn=cmd_config)
+
+  p = sub.add_parser("init", help="write a random-init orbax checkpoint for a config")
+  _config_arg(p)
+  p.add_argument("--workdir", required=True, help="run folder; checkpoints go to WORKDIR/checkpoints")
+  p.set_defaults(fn=cmd_init)
+
+  p = sub.add_parser("import-hf", help="Hugging Face folder -> orbax checkpoint")
+  p.add_argument("hf_dir", help="local HF model folder (config.json + safetensors)")
+  p.add_argument("checkpoint_dir", help="orbax checkpoint folder to write")
+  p.add_argument("--step", type=int, default=0, help="step number to save as (default 0)")
+  p.add_argument("--param-dtype", choices=("float32", "bfloat16"), default=None,
+                 help="storage dtype of the parameters (default float32)")
+  p.add_argument("--scan-layers", action="store_true", help="store layers stacked for scan")
+  p.add_argument("--mask-token-id", type=int, default=None, help="[MASK] id to record")
+  p.set_defaults(fn=cmd_import_hf)
+
+  p = sub.add_parser("export-hf", help="orbax checkpoint -> Hugging Face folder")
+  p.add_argument("checkpoint_dir", help="orbax checkpoint folder (cardjax init/train/import-hf)")
+  p.add_argument("hf_dir", help="HF folder to write")
+  p.add_argument("--step", type=int, default=None, help="step to export (default latest)")
+  p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                 help="tensor dtype on disk (default: the parameters' dtype)")
+  p.add_argument("--max-shard-gb", type=float, default=5.0, help="largest safetensors shard")
+  p.set_defaults(fn=cmd_export_hf)
+
+  p = sub.add_parser("demo", help="the main job in miniature, on CPU")
+  p.add_argument("--workdir", default="runs/demo", help="where every artefact is written")
+  p.set_defaults(fn=cmd_demo)
+  return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  parser = build_parser()
+  args, rest = parser.parse_known_args(argv)
+  overrides = [a for a in rest if a.startswith("--config.")]
+  unknown = [a for a in rest if not a.startswith("--config.")]
+  if unknown:
+    parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+  logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                      format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  for noisy in ("absl", "jax._src", "orbax"):
+    logging.getLogger(noisy).setLevel(logging.WARNING)
+  try:
+    args.fn(args, overrides)
+  except CardjaxError as e:
+    print(f"cardjax: error: {e}", file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

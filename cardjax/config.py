@@ -1,0 +1,155 @@
+"""ml_collections configs: the schema with defaults, loading, overrides and validation.
+
+A config file is Python (the user's own code, run as such) with `get_config()` or
+`get_config(arg)` returning a ConfigDict. It is merged over `base_config()`, so every field
+has a default, and any key the schema does not know is one clear ConfigError, raised before
+anything compiles. `--config.a.b=v` overrides are parsed to the field's type.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import importlib.util
+from pathlib import Path
+from typing import Any, Sequence
+
+import ml_collections
+
+from cardjax.errors import ConfigError
+from cardjax.model.config import ModelConfig
+
+REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Every key a config may set, with its default. Comments say what each one means."""
+  c = ml_collections.ConfigDict()
+  c.name = "run"  # a label for logs and run folders
+  c.seed = 0  # the seed of parameter init (and, later, of data order and corruption)
+  # The decoder; see cardjax/model/config.py for what each field means.
+  c.model = ml_collections.ConfigDict(dataclasses.asdict(ModelConfig()))
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = 1  # data-parallel replicas
+  c.mesh.fsdp = -1  # parameter-sharded data parallelism; -1 = all devices left over
+  c.mesh.tensor = 1  # tensor (head / mlp / vocab) parallelism
+  c.mesh.rules = ()  # ((logical_axis, mesh_axes), ...) overriding the default rules table
+  return c
+
+
+def _suggest(key: str, known: Sequence[str], prefix: str = "") -> str:
+  close = difflib.get_close_matches(key, list(known), n=1)
+  return (f"; did you mean {prefix + close[0]!r}?" if close
+          else f"; known keys: {sorted(known)}")
+
+
+def merge_into_base(user: ml_collections.ConfigDict | dict, base=None, prefix: str = ""):
+  """A copy of `base` with every key of `user` set; unknown keys are ConfigErrors."""
+  base = base_config() if base is None else base
+  for key, value in (user.items() if hasattr(user, "items") else []):
+    name = f"{prefix}{key}"
+    if key not in base:
+      raise ConfigError(f"unknown config key {name!r}{_suggest(key, list(base.keys()), prefix)}")
+    if isinstance(base[key], ml_collections.ConfigDict):
+      if not hasattr(value, "items"):
+        raise ConfigError(f"config key {name!r} is a section; got {value!r}")
+      merge_into_base(value, base[key], prefix=f"{name}.")
+    else:
+      _assign(base, key, value, name)
+  return base
+
+
+def _assign(section, key: str, value: Any, name: str) -> None:
+  default = section[key]
+  if isinstance(default, bool) and not isinstance(value, bool):
+    raise ConfigError(f"config {name}={value!r}: expected true or false")
+  if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+    value = float(value)
+  if isinstance(default, (tuple, list)) and isinstance(value, list):
+    value = tuple(value)
+  try:
+    section[key] = value
+  except (TypeError, ValueError) as e:
+    raise ConfigError(f"config {name}={value!r}: expected {type(default).__name__} ({e})") \
+        from None
+
+
+def _parse_value(text: str) -> Any:
+  lowered = text.lower()
+  if lowered in ("true", "false"):
+    return lowered == "true"
+  if lowered in ("none", "null"):
+    return None
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text  # a bare string such as bfloat16
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str]):
+  """Apply ['--config.model.num_layers=4', ...] (the leading '--config.' is optional)."""
+  for item in overrides:
+    text = item[2:] if item.startswith("--") else item
+    if not text.startswith("config.") or "=" not in text:
+      raise ConfigError(f"cannot parse override {item!r}; write --config.section.key=value")
+    dotted, raw = text[len("config."):].split("=", 1)
+    *parents, leaf = dotted.split(".")
+    section = config
+    for depth, part in enumerate(parents):
+      if part not in section or not isinstance(section[part], ml_collections.ConfigDict):
+        where = ".".join(parents[:depth]) or "the config"
+        raise ConfigError(f"override {item!r}: no section {part!r} in {where}"
+                          f"{_suggest(part, list(section.keys()))}")
+      section = section[part]
+    if leaf not in section:
+      parent = ".".join(parents) + "." if parents else ""
+      raise ConfigError(f"override {item!r}: unknown key {dotted!r}"
+                        f"{_suggest(leaf, list(section.keys()), parent)}")
+    _assign(section, leaf, _parse_value(raw), dotted)
+  return config
+
+
+def _resolve_path(spec: str) -> tuple[Path, str | None]:
+  path_text, _, arg = spec.partition(":")
+  path = Path(path_text)
+  candidates = [path, REPO_CONFIGS / path, REPO_CONFIGS / f"{path_text}.py"]
+  for candidate in candidates:
+    if candidate.is_file():
+      return candidate, (arg or None)
+  raise ConfigError(f"config file {path_text!r} not found (looked in the working directory "
+                    f"and {REPO_CONFIGS}); pass a path such as configs/tiny.py")
+
+
+def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+  """Load `path.py` or `path.py:arg`, merge over the schema, apply overrides, validate."""
+  path, arg = _resolve_path(spec)
+  module_spec = importlib.util.spec_from_file_location(f"cardjax_config_{path.stem}", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  if not hasattr(module, "get_config"):
+    raise ConfigError(f"{path} has no get_config() function")
+  user = module.get_config(arg) if arg is not None else module.get_config()
+  config = merge_into_base(user)
+  apply_overrides(config, overrides)
+  validate(config)
+  return config
+
+
+def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
+  return ModelConfig.from_dict(config.model.to_dict())
+
+
+def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Cross-field checks; every failure is one ConfigError naming the key and the fix."""
+  model_config(config)
+  for axis in ("data", "fsdp", "tensor"):
+    size = config.mesh[axis]
+    if size == 0 or size < -1:
+      raise ConfigError(f"config mesh.{axis}={size}: use a positive size or -1 (fill)")
+  if sum(config.mesh[a] == -1 for a in ("data", "fsdp", "tensor")) > 1:
+    raise ConfigError("config mesh: at most one of data/fsdp/tensor may be -1")
+  for rule in config.mesh.rules:
+    if len(rule) != 2:
+      raise ConfigError(f"config mesh.rules entry {rule!r}: expected (logical_axis, mesh_axes)")
+  return config

@@ -1,0 +1,119 @@
+"""Shared test set-up: 8 host CPU devices, quiet transformers, random-init HF models.
+
+The environment is set before anything imports jax, so every test sees 8 CPU devices
+(single-device tests simply never build a mesh).
+"""
+
+from __future__ import annotations
+
+import os
+
+_FLAG = "--xla_force_host_platform_device_count=8"
+if _FLAG not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+os.environ["JAX_PLATFORMS"] = "cpu"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TQDM_DISABLE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+# Tolerances of the fp32 comparisons (logits are O(1..10) with the std-0.2 init below).
+PARITY_ATOL = 1e-4
+
+
+def _torch():
+  import torch
+  torch.set_num_threads(2)
+  return torch
+
+
+def reinit_(model, seed: int, std: float = 0.2):
+  """Large random weights so the logits are O(1) and a 1e-4 tolerance means something:
+  every weight and bias ~ N(0, std), every norm scale ~ 1 + N(0, std)."""
+  torch = _torch()
+  gen = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      noise = torch.randn(p.shape, generator=gen, dtype=p.dtype) * std
+      p.copy_(1.0 + noise if "norm" in name else noise)
+  return model
+
+
+def build_hf_model(family: str, seed: int = 0, **config):
+  """A random-init transformers model (eager attention, fp32), re-initialised by reinit_."""
+  torch = _torch()
+  from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+  classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
+  config_cls, model_cls = classes[family]
+  defaults = dict(vocab_size=160, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                  rms_norm_eps=1e-6)
+  defaults.update(config)
+  hf_config = config_cls(attn_implementation="eager", **defaults)
+  torch.manual_seed(seed)
+  model = model_cls(hf_config).to(torch.float32).eval()
+  return reinit_(model, seed)
+
+
+def torch_logits(model, tokens, position_ids=None) -> np.ndarray:
+  """fp32 logits [batch, seq, vocab] of a transformers model for int tokens [batch, seq]."""
+  torch = _torch()
+  ids = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
+  kwargs = {}
+  if position_ids is not None:
+    kwargs["position_ids"] = torch.as_tensor(np.asarray(position_ids), dtype=torch.long)
+  with torch.no_grad():
+    return model(input_ids=ids, use_cache=False, **kwargs).logits.float().numpy()
+
+
+def cardjax_logits(model, tokens, **kwargs) -> np.ndarray:
+  import jax.numpy as jnp
+  kwargs = {k: (jnp.asarray(np.asarray(v), jnp.int32) if k in ("positions", "segment_ids",
+                                                                "streams") else v)
+            for k, v in kwargs.items()}
+  return np.asarray(model(jnp.asarray(np.asarray(tokens), jnp.int32), **kwargs))
+
+
+def max_abs_diff(a, b) -> float:
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  assert a.shape == b.shape, (a.shape, b.shape)
+  return float(np.max(np.abs(a - b)))
+
+
+def random_tokens(vocab_size: int, batch: int, seq: int, seed: int = 0) -> np.ndarray:
+  return np.random.default_rng(seed).integers(0, vocab_size, (batch, seq)).astype(np.int32)
+
+
+@pytest.fixture(scope="session")
+def hf_model_factory(tmp_path_factory):
+  """make(family, seed=0, **hf_config) -> (folder, torch model); the folder holds what
+  `save_pretrained` wrote (config.json, model.safetensors, generation_config.json).
+
+  Built once per distinct (family, seed, config) in the session: treat both as read-only
+  (copy the folder before editing its files).
+  """
+  cache: dict = {}
+
+  def make(family: str = "qwen2", seed: int = 0, **config):
+    key = (family, seed, repr(sorted(config.items())))
+    if key not in cache:
+      model = build_hf_model(family, seed, **config)
+      path = tmp_path_factory.mktemp(f"hf_{family}")
+      model.save_pretrained(str(path))
+      cache[key] = (path, model)
+    return cache[key]
+
+  return make
+
+
+@pytest.fixture(scope="session")
+def num_devices():
+  import jax
+  n = jax.device_count()
+  assert n == 8, f"conftest asks for 8 host CPU devices, jax sees {n} (jax imported too early?)"
+  return n
