@@ -1,0 +1,82 @@
+"""The `cardjax` command end to end: init -> export-hf -> import-hf -> export-hf."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from cardjax import checkpoint
+from cardjax.cli import main
+
+TINY = ["--config", "configs/tiny.py", "--config.model.num_layers=1",
+        "--config.model.hidden_size=32", "--config.model.intermediate_size=64"]
+
+
+def _tensors(folder):
+  return load_file(str(Path(folder) / "model.safetensors"))
+
+
+def test_init_export_import_export_is_bit_exact(tmp_path, capsys):
+  assert main(["init", *TINY, "--workdir", str(tmp_path / "run")]) == 0
+  ckpt = tmp_path / "run" / "checkpoints"
+  assert checkpoint.latest_step(ckpt) == 0
+  assert main(["export-hf", str(ckpt), str(tmp_path / "hf1")]) == 0
+  # Tokenizer files travel with an import and come back out with the export.
+  (tmp_path / "hf1" / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 64}))
+  assert main(["import-hf", str(tmp_path / "hf1"), str(tmp_path / "ck2"), "--step", "7"]) == 0
+  assert main(["export-hf", str(tmp_path / "ck2"), str(tmp_path / "hf2")]) == 0
+  a, b = _tensors(tmp_path / "hf1"), _tensors(tmp_path / "hf2")
+  assert sorted(a) == sorted(b) and len(a) > 5
+  for key in a:
+    np.testing.assert_array_equal(a[key], b[key])
+  assert (tmp_path / "hf2" / "tokenizer_config.json").read_text() == json.dumps(
+      {"model_max_length": 64})
+  config = json.loads((tmp_path / "hf2" / "config.json").read_text())
+  assert config["num_hidden_layers"] == 1 and config["hidden_size"] == 32
+  assert "step 7" in capsys.readouterr().out
+
+
+def test_scan_layers_import_and_bf16_export(tmp_path):
+  assert main(["init", *TINY, "--workdir", str(tmp_path / "run")]) == 0
+  assert main(["export-hf", str(tmp_path / "run" / "checkpoints"), str(tmp_path / "hf")]) == 0
+  assert main(["import-hf", str(tmp_path / "hf"), str(tmp_path / "ck"), "--scan-layers"]) == 0
+  model, _ = checkpoint.restore_model(tmp_path / "ck")
+  assert model.cfg.scan_layers
+  assert main(["export-hf", str(tmp_path / "ck"), str(tmp_path / "bf"), "--dtype",
+               "bfloat16"]) == 0
+  fp32, bf16 = _tensors(tmp_path / "hf"), _tensors(tmp_path / "bf")
+  key = "model.layers.0.self_attn.q_proj.weight"
+  assert str(bf16[key].dtype) == "bfloat16"
+  np.testing.assert_allclose(bf16[key].astype(np.float32), fp32[key], rtol=1e-2, atol=1e-3)
+  assert json.loads((tmp_path / "bf" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+
+
+def test_config_command_prints_overrides(capsys):
+  assert main(["config", *TINY]) == 0
+  out = capsys.readouterr().out
+  assert "num_layers: 1" in out and "hidden_size: 32" in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["config", "--config", "configs/tiny.py", "--config.model.num_layer=1"],
+     "did you mean 'model.num_layers'"),
+    (["export-hf", "/nonexistent/ckpt", "/tmp/out"], "does not exist"),
+    (["import-hf", "/nonexistent/hf", "/tmp/out"], "is not a directory"),
+])
+def test_user_errors_exit_2_with_one_line(argv, needle, capsys):
+  assert main(argv) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("cardjax: error:") and needle in err[0]
+
+
+def test_console_script_is_installed(tmp_path):
+  exe = Path(sys.executable).with_name("cardjax")
+  result = subprocess.run([str(exe), "config", *TINY], capture_output=True, text=True,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=300)
+  assert result.returncode == 0, result.stderr
+  assert "num_layers: 1" in result.stdout
