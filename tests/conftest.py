@@ -6,6 +6,7 @@ The environment is set before anything imports jax, so every test sees 8 CPU dev
 
 from __future__ import annotations
 
+import copy
 import os
 
 _FLAG = "--xla_force_host_platform_device_count=8"
@@ -53,7 +54,7 @@ def build_hf_model(family: str, seed: int = 0, **config):
   defaults = dict(vocab_size=160, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                   rms_norm_eps=1e-6)
-  defaults.update(config)
+  defaults.update(copy.deepcopy(config))  # transformers edits rope dicts in place
   hf_config = config_cls(attn_implementation="eager", **defaults)
   torch.manual_seed(seed)
   model = model_cls(hf_config).to(torch.float32).eval()
@@ -71,12 +72,30 @@ def torch_logits(model, tokens, position_ids=None) -> np.ndarray:
     return model(input_ids=ids, use_cache=False, **kwargs).logits.float().numpy()
 
 
-def cardjax_logits(model, tokens, **kwargs) -> np.ndarray:
+def _jitted_call(model, tokens, positions, segment_ids, streams, mask):
+  return model(tokens, positions=positions, segment_ids=segment_ids, streams=streams, mask=mask)
+
+
+_JITTED = {}
+
+
+def cardjax_logits(model, tokens, positions=None, segment_ids=None, streams=None, mask=None,
+                   jit: bool = False) -> np.ndarray:
+  """Logits of a cardjax Decoder as numpy; `jit` runs it under flax.nnx.jit (one compile
+  per model structure and shape, much faster on CPU than eager op-by-op dispatch)."""
   import jax.numpy as jnp
-  kwargs = {k: (jnp.asarray(np.asarray(v), jnp.int32) if k in ("positions", "segment_ids",
-                                                                "streams") else v)
-            for k, v in kwargs.items()}
-  return np.asarray(model(jnp.asarray(np.asarray(tokens), jnp.int32), **kwargs))
+
+  def as_int(a):
+    return None if a is None else jnp.asarray(np.asarray(a), jnp.int32)
+
+  args = (as_int(tokens), as_int(positions), as_int(segment_ids), as_int(streams))
+  if not jit:
+    return np.asarray(model(args[0], positions=args[1], segment_ids=args[2], streams=args[3],
+                            mask=mask))
+  if not _JITTED:
+    from flax import nnx
+    _JITTED["fn"] = nnx.jit(_jitted_call, static_argnames=("mask",))
+  return np.asarray(_JITTED["fn"](model, *args, mask=mask))
 
 
 def max_abs_diff(a, b) -> float:

@@ -24,9 +24,12 @@ def read_config_json(directory: str | Path) -> dict[str, Any]:
   if not path.is_file():
     raise CheckpointError(f"{path} is missing; a Hugging Face model folder needs config.json")
   try:
-    return json.loads(path.read_text())
+    values = json.loads(path.read_text())
   except json.JSONDecodeError as e:
     raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+  if not isinstance(values, dict):
+    raise CheckpointError(f"{path} must hold a JSON object, got {type(values).__name__}")
+  return values
 
 
 def _first_id(value) -> int:
@@ -48,7 +51,18 @@ def model_config_from_hf(hf: dict[str, Any], source: str = "config.json",
   def need(key):
     if key not in hf:
       raise CheckpointError(f"{source}: required key {key!r} is missing")
-    return hf[key]
+    return _int(key, hf[key])
+
+  def _int(key, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+      raise CheckpointError(f"{source}: {key}={value!r} must be an integer")
+    return int(value)
+
+  def _num(key, default):
+    value = hf.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+      raise CheckpointError(f"{source}: {key}={value!r} must be a number")
+    return float(value)
 
   if hf.get("hidden_act", "silu") != "silu":
     raise CheckpointError(f"{source}: hidden_act={hf['hidden_act']!r}; only 'silu' (SwiGLU) "
@@ -57,8 +71,10 @@ def model_config_from_hf(hf: dict[str, Any], source: str = "config.json",
     raise CheckpointError(f"{source}: use_sliding_window=true is not implemented; set it "
                           "to false (Qwen2.5 releases ship with it off)")
 
-  rope = dict(hf.get("rope_parameters") or {})
-  legacy = hf.get("rope_scaling") or {}
+  rope, legacy = hf.get("rope_parameters") or {}, hf.get("rope_scaling") or {}
+  for key, value in (("rope_parameters", rope), ("rope_scaling", legacy)):
+    if not isinstance(value, dict):
+      raise CheckpointError(f"{source}: {key}={value!r} must be an object")
   rope = {**legacy, **rope}
   rope_type = rope.get("rope_type", rope.get("type", "default"))
   if rope_type not in ("default", "linear", "llama3"):
@@ -66,30 +82,36 @@ def model_config_from_hf(hf: dict[str, Any], source: str = "config.json",
                           "cardjax has default, linear and llama3")
   theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
 
-  heads = int(need("num_attention_heads"))
-  values = dict(
-      model_type=model_type,
-      vocab_size=int(need("vocab_size")),
-      hidden_size=int(need("hidden_size")),
-      intermediate_size=int(need("intermediate_size")),
-      num_layers=int(need("num_hidden_layers")),
-      num_heads=heads,
-      num_kv_heads=int(hf.get("num_key_value_heads") or heads),
-      head_dim=int(hf.get("head_dim") or 0),
-      rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-      rope_theta=float(theta),
-      rope_type=rope_type,
-      rope_factor=float(rope.get("factor", 1.0)),
-      rope_low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
-      rope_high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
-      rope_original_max_position=int(rope.get("original_max_position_embeddings", 8192)),
-      max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
-      tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-      bos_token_id=_first_id(hf.get("bos_token_id")),
-      eos_token_id=_first_id(hf.get("eos_token_id")),
-      pad_token_id=_first_id(hf.get("pad_token_id")),
-      initializer_range=float(hf.get("initializer_range", 0.02)),
-  )
+  heads = need("num_attention_heads")
+  if isinstance(theta, bool) or not isinstance(theta, (int, float)):
+    raise CheckpointError(f"{source}: rope_theta={theta!r} must be a number")
+  try:
+    values = dict(
+        model_type=model_type,
+        vocab_size=need("vocab_size"),
+        hidden_size=need("hidden_size"),
+        intermediate_size=need("intermediate_size"),
+        num_layers=need("num_hidden_layers"),
+        num_heads=heads,
+        num_kv_heads=_int("num_key_value_heads", hf.get("num_key_value_heads") or heads),
+        head_dim=_int("head_dim", hf.get("head_dim") or 0),
+        rms_norm_eps=_num("rms_norm_eps", 1e-6),
+        rope_theta=float(theta),
+        rope_type=rope_type,
+        rope_factor=float(rope.get("factor", 1.0)),
+        rope_low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
+        rope_high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
+        rope_original_max_position=int(rope.get("original_max_position_embeddings", 8192)),
+        max_position_embeddings=_int("max_position_embeddings",
+                                     hf.get("max_position_embeddings", 2048)),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        bos_token_id=_first_id(hf.get("bos_token_id")),
+        eos_token_id=_first_id(hf.get("eos_token_id")),
+        pad_token_id=_first_id(hf.get("pad_token_id")),
+        initializer_range=_num("initializer_range", 0.02),
+    )
+  except (TypeError, ValueError) as e:  # a rope field or token id of the wrong type
+    raise CheckpointError(f"{source}: a rope or token-id value is malformed ({e})") from None
   if model_type == "qwen2":
     values.update(qkv_bias=True, o_bias=False, mlp_bias=False)
   else:
@@ -108,9 +130,6 @@ def hf_config_from_model(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
   """config.json content for `cfg`, stored in `dtype`."""
   head_dim = cfg.resolved_head_dim
   if cfg.model_type == "qwen2":
-    if head_dim * cfg.num_heads != cfg.hidden_size:
-      raise CheckpointError("a qwen2 export needs head_dim * num_heads == hidden_size "
-                            "(transformers' Qwen2 has no head_dim field); use model_type=llama")
     if not cfg.qkv_bias or cfg.o_bias or cfg.mlp_bias:
       raise CheckpointError("qwen2 has biases on q, k, v only; this model's bias settings "
                             "need model_type=llama")
@@ -151,6 +170,8 @@ def hf_config_from_model(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
   if cfg.model_type == "qwen2":
     out.update(use_sliding_window=False, sliding_window=None,
                max_window_layers=cfg.num_layers)
+    if head_dim * cfg.num_heads != cfg.hidden_size:
+      out["head_dim"] = head_dim  # read by transformers >= 5; older versions assume d / h
   else:
     out.update(head_dim=head_dim, attention_bias=cfg.qkv_bias, mlp_bias=cfg.mlp_bias,
                pretraining_tp=1)

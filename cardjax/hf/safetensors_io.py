@@ -26,8 +26,11 @@ class SafetensorsReader:
     if index.is_file():
       try:
         weight_map = json.loads(index.read_text())["weight_map"]
-      except (json.JSONDecodeError, KeyError) as e:
-        raise CheckpointError(f"{index} is not a safetensors index ({e!r})") from None
+        if not isinstance(weight_map, dict):
+          raise TypeError("weight_map is not an object")
+      except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{index} is not a safetensors index ({e}); it needs "
+                              '{"weight_map": {tensor: file}}') from None
     elif (self.directory / SINGLE).is_file():
       weight_map = None
     else:
@@ -63,7 +66,11 @@ class SafetensorsReader:
   def get(self, key: str) -> np.ndarray:
     if key not in self.weight_map:
       raise CheckpointError(f"tensor {key!r} is missing from {self.directory}")
-    return self._open(self.weight_map[key]).get_tensor(key)
+    handle = self._open(self.weight_map[key])
+    if key not in handle.keys():
+      raise CheckpointError(f"{INDEX} maps tensor {key!r} to {self.file_of(key)}, which does "
+                            "not hold it; the index and the shards disagree")
+    return handle.get_tensor(key)
 
   def file_of(self, key: str) -> str:
     return str(self.directory / self.weight_map[key])
@@ -95,6 +102,12 @@ def write_safetensors(directory: str | Path, tensors: Iterable[tuple[str, np.nda
     index = {"metadata": {"total_size": int(sum(sizes))},
              "weight_map": {k: name for name, shard in zip(names, shards) for k in shard}}
     (directory / (INDEX + ".tmp")).write_text(json.dumps(index, indent=2, sort_keys=True))
+  # Weights of an earlier export into this folder must go: transformers and cardjax would
+  # otherwise pick different files (model.safetensors vs the index) from one folder.
+  for stale in [directory / SINGLE, directory / INDEX,
+                *directory.glob("model-*-of-*.safetensors")]:
+    if stale.name not in names and stale.exists():
+      stale.unlink()
   for name in names:
     os.replace(directory / (name + ".tmp"), directory / name)
   if n > 1:

@@ -94,7 +94,10 @@ class Decoder(nnx.Module):
             jnp.asarray(segment_ids, jnp.int32))
 
     dt = jnp.dtype(cfg.dtype)
-    x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)
+    # Gather from a table whose embed dim is whole (all-gathered over fsdp): a gather from
+    # an fsdp-sharded table into fsdp-sharded rows makes XLA replicate everything.
+    table = constrain(self.embed[...], ("vocab", None))
+    x = jnp.take(table, tokens, axis=0).astype(dt)
     x = constrain(x, ("act_batch", "act_seq", "act_embed"))
 
     run = _run_block

@@ -2,13 +2,14 @@
 
 Parameters and activations name their dimensions logically ('embed', 'heads', 'act_batch').
 The rules table maps each name to mesh axes (data, fsdp, tensor). A dimension whose size
-the mesh axes do not divide is replicated instead (e.g. one kv head on tensor=2), so any
-model runs on any mesh; the per-parameter result can be read off `param_shardings`.
+the mesh axes do not divide keeps the longest prefix of them that does, or is replicated
+(e.g. one kv head on tensor=2), so any model runs on any mesh; the per-parameter result can be read off `param_shardings`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Iterator, Sequence
 
 import jax
@@ -73,11 +74,10 @@ def logical_to_spec(names: Sequence[str | None], shape: Sequence[int] | None = N
     if mesh_shape is not None:
       axes = tuple(a for a in axes if a in mesh_shape)
       if shape is not None:
-        size = 1
-        for a in axes:
-          size *= mesh_shape[a]
-        if shape[i] % size:
-          axes = ()
+        # The longest prefix of the axes whose product divides the dimension: batch 2 on
+        # data=2 x fsdp=2 still splits over data.
+        while axes and shape[i] % math.prod(mesh_shape[a] for a in axes):
+          axes = axes[:-1]
     used.update(axes)
     spec.append(None if not axes else axes[0] if len(axes) == 1 else axes)
   return PartitionSpec(*spec)
