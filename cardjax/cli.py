@@ -4,6 +4,8 @@
   cardjax init       --config configs/tiny.py --workdir DIR          random-init checkpoint
   cardjax import-hf  HF_DIR CKPT_DIR [--dtype D] [--scan-layers]     HF folder -> orbax
   cardjax export-hf  CKPT_DIR HF_DIR [--step N] [--dtype D]          orbax -> HF folder
+  cardjax data build NAME [--data_dir D] [--OPTION VALUE ...]       dataset + tokenizer
+  cardjax data show  NAME [--data_dir D] [--n 3] [--split S]         decoded rows
   cardjax demo       [--workdir runs/demo]                           the end-to-end demo
 
 Errors the user can fix print one line (`cardjax: error: ...`) and exit with status 2.
@@ -84,9 +86,70 @@ def cmd_export_hf(args, overrides) -> None:
   print(f"exported step {step} of {args.checkpoint_dir} -> {out}")
 
 
+def _data_config(args, overrides, options: dict):
+  from cardjax.config import base_config, load_config
+
+  config = load_config(args.config, overrides) if args.config else base_config()
+  config.data.dataset = args.name
+  if options:
+    config.data.options = {**config.data.options.to_dict(), **options}
+  if args.data_dir:
+    config.data.data_dir = args.data_dir
+  if args.tokenizer_vocab:
+    config.data.tokenizer_vocab = args.tokenizer_vocab
+  return config
+
+
+def cmd_data_build(args, overrides, options) -> None:
+  from cardjax.data.prepare import data_dir, prepare
+
+  config = _data_config(args, overrides, options)
+  builder, tokenizer = prepare(config)
+  splits = {k: v.num_examples for k, v in builder.info.splits.items()}
+  print(f"{args.name}: {splits} in {builder.data_dir}")
+  print(f"tokenizer: {tokenizer.vocab_size} ids, [MASK]={tokenizer.mask_id}, "
+        f"EOS={tokenizer.eos_id} ({tokenizer.source or data_dir(config)})")
+
+
+def cmd_data_show(args, overrides, options) -> None:
+  from cardjax.data import builders
+  from cardjax.data.prepare import data_dir, load_data_tokenizer, pipeline_spec
+  from cardjax.data.show import show_rows
+
+  config = _data_config(args, overrides, options)
+  if args.name in ("sft_jsonl", "arith_sft"):
+    config.data.mode = "sft"
+    config.data.packing = False
+  split = args.split or config.data.split
+  source = builders.load_source(args.name, split, data_dir(config),
+                                **config.data.options.to_dict())
+  tokenizer = load_data_tokenizer(config)
+  print(f"{args.name}/{split}: {len(source)} examples; loss-carrying tokens are shown "
+        "\u27e6like this\u27e7")
+  for row in show_rows(source, tokenizer, pipeline_spec(config), args.n):
+    print(row)
+
+
 def cmd_demo(args, overrides) -> None:
   from cardjax.demo import run_demo
   run_demo(args.workdir, overrides)
+
+
+def _options(rest: list[str]) -> tuple[dict, list[str]]:
+  """Dataset builder options written --key value or --key=value (the builder checks them)."""
+  options, unknown, i = {}, [], 0
+  while i < len(rest):
+    arg = rest[i]
+    if arg.startswith("--") and "=" in arg:
+      key, value = arg[2:].split("=", 1)
+      options[key] = value
+    elif arg.startswith("--") and i + 1 < len(rest) and not rest[i + 1].startswith("--"):
+      options[arg[2:]] = rest[i + 1]
+      i += 1
+    else:
+      unknown.append(arg)
+    i += 1
+  return options, unknown
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,6 +186,23 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--max-shard-gb", type=float, default=5.0, help="largest safetensors shard")
   p.set_defaults(fn=cmd_export_hf)
 
+  data = sub.add_parser("data", help="build and inspect datasets").add_subparsers(
+      dest="data_command", required=True)
+  for name, fn, text in (("build", cmd_data_build, "build a dataset and its tokenizer"),
+                         ("show", cmd_data_show, "print decoded rows, loss tokens marked")):
+    p = data.add_parser(name, help=text,
+                        description=f"{text}. Dataset options follow as --OPTION VALUE "
+                                    "(e.g. --train_size 2000 or --paths 'docs/**/*.md').")
+    p.add_argument("name", help="python_stdlib | arith_sft | text_corpus | sft_jsonl")
+    p.add_argument("--data_dir", default="", help="default $CARDJAX_DATA_DIR or "
+                                                  "~/tensorflow_datasets")
+    p.add_argument("--tokenizer_vocab", type=int, default=0, help="ids of the trained BPE")
+    _config_arg(p, required=False)
+    if name == "show":
+      p.add_argument("--n", type=int, default=3, help="rows to print")
+      p.add_argument("--split", default="", help="split (default data.split)")
+    p.set_defaults(fn=fn, takes_options=True)
+
   p = sub.add_parser("demo", help="the main job in miniature, on CPU")
   p.add_argument("--workdir", default="runs/demo", help="where every artefact is written")
   p.set_defaults(fn=cmd_demo)
@@ -135,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
   args, rest = parser.parse_known_args(argv)
   overrides = [a for a in rest if a.startswith("--config.")]
   unknown = [a for a in rest if not a.startswith("--config.")]
+  options = None
+  if getattr(args, "takes_options", False):
+    options, unknown = _options(unknown)
   if unknown:
     parser.error(f"unrecognized arguments: {' '.join(unknown)}")
   logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -142,7 +225,10 @@ def main(argv: list[str] | None = None) -> int:
   for noisy in ("absl", "jax._src", "orbax"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
   try:
-    args.fn(args, overrides)
+    if options is None:
+      args.fn(args, overrides)
+    else:
+      args.fn(args, overrides, options)
   except CardjaxError as e:
     print(f"cardjax: error: {e}", file=sys.stderr)
     return 2

@@ -35,7 +35,28 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh.fsdp = -1  # parameter-sharded data parallelism; -1 = all devices left over
   c.mesh.tensor = 1  # tensor (head / mlp / vocab) parallelism
   c.mesh.rules = ()  # ((logical_axis, mesh_axes), ...) overriding the default rules table
+  c.data = ml_collections.ConfigDict()
+  c.data.dataset = "python_stdlib"  # a builder of cardjax.data.builders.BUILDERS
+  c.data.options = ml_collections.ConfigDict()  # that builder's options (it checks them)
+  c.data.data_dir = ""  # "" = $CARDJAX_DATA_DIR, else ~/tensorflow_datasets
+  c.data.split = "train"  # the training split
+  c.data.eval_split = "validation"  # the validation split ("test" for arith_sft)
+  c.data.tokenizer = ""  # a HF folder with tokenizer.json; "" = a BPE trained on the dataset
+  c.data.tokenizer_vocab = 512  # ids of the trained BPE (<= model.vocab_size)
+  c.data.mode = "pretrain"  # pretrain (packed documents) | sft (conversations, loss mask)
+  c.data.seq_len = 256  # tokens per row
+  c.data.batch_size = 8  # global rows per step, over all hosts
+  c.data.shuffle = True  # seeded (config.seed) shuffle, a new order each epoch
+  c.data.num_epochs = 0  # 0 = repeat forever
+  c.data.packing = True  # pack several examples per row (segment ids keep them apart)
+  c.data.pad_to_multiple = 1  # SFT: EOS-pad each example to a multiple of this (MARS B)
+  c.data.sft_overflow = "truncate"  # SFT examples longer than seq_len: truncate | drop
+  c.data.num_workers = 0  # grain worker processes (0 = in the training process)
   return c
+
+
+# Sections whose keys belong to someone else (a dataset builder checks its own options).
+FREE_FORM = ("data.options",)
 
 
 def _suggest(key: str, known: Sequence[str], prefix: str = "") -> str:
@@ -51,7 +72,9 @@ def merge_into_base(user: ml_collections.ConfigDict | dict, base=None, prefix: s
     name = f"{prefix}{key}"
     if key not in base:
       raise ConfigError(f"unknown config key {name!r}{_suggest(key, list(base.keys()), prefix)}")
-    if isinstance(base[key], ml_collections.ConfigDict):
+    if name in FREE_FORM:
+      base[key] = ml_collections.ConfigDict(dict(value))
+    elif isinstance(base[key], ml_collections.ConfigDict):
       if not hasattr(value, "items"):
         raise ConfigError(f"config key {name!r} is a section; got {value!r}")
       merge_into_base(value, base[key], prefix=f"{name}.")
@@ -102,6 +125,9 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str])
         raise ConfigError(f"override {item!r}: no section {part!r} in {where}"
                           f"{_suggest(part, list(section.keys()))}")
       section = section[part]
+    if ".".join(parents) in FREE_FORM:
+      section[leaf] = _parse_value(raw)
+      continue
     if leaf not in section:
       parent = ".".join(parents) + "." if parents else ""
       raise ConfigError(f"override {item!r}: unknown key {dotted!r}"

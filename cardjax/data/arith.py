@@ -1,0 +1,66 @@
+"""Generated arithmetic word problems: an SFT corpus whose answers can be graded exactly.
+
+Each problem is a short story of 2-4 steps (+, -, x) over small numbers; the response works
+the steps out and ends with "The answer is N." Generation is a pure function of (seed,
+index), so a split is reproducible anywhere, and the test split is disjoint from train by
+construction (no question text appears in both).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+NAMES = ("Ava", "Ben", "Mia", "Leo", "Zoe", "Sam", "Ivy", "Max", "Ana", "Tom")
+ITEMS = ("apples", "books", "coins", "marbles", "pens", "shells", "stamps", "cards")
+ANSWER = re.compile(r"The answer is (-?\d+)\.")
+
+
+def problem(seed: int, index: int) -> dict:
+  """One problem: {'prompt', 'response', 'answer'} (answer is the final number as text)."""
+  rng = random.Random(f"arith:{seed}:{index}")
+  name, item = rng.choice(NAMES), rng.choice(ITEMS)
+  value = rng.randint(2, 30)
+  story = [f"{name} has {value} {item}."]
+  work = [f"{name} starts with {value} {item}."]
+  for _ in range(rng.randint(2, 4)):
+    op = rng.choice(("add", "sub", "mul") if value < 60 else ("add", "sub"))
+    if op == "add":
+      n = rng.randint(1, 20)
+      story.append(f"Then {name} gets {n} more.")
+      work.append(f"{value} + {n} = {value + n}.")
+      value += n
+    elif op == "sub" and value > 1:
+      n = rng.randint(1, value - 1)
+      story.append(f"Then {name} gives away {n}.")
+      work.append(f"{value} - {n} = {value - n}.")
+      value -= n
+    else:
+      n = rng.randint(2, 3)
+      story.append(f"Then the {item} {'double' if n == 2 else 'triple'}.")
+      work.append(f"{value} * {n} = {value * n}.")
+      value *= n
+  question = " ".join(story) + f" How many {item} does {name} have now?"
+  response = " ".join(work) + f" The answer is {value}."
+  return {"prompt": question, "response": response, "answer": str(value)}
+
+
+def split(seed: int, size: int, exclude: set[str] | None = None, offset: int = 0) -> list[dict]:
+  """`size` distinct problems; questions in `exclude` (another split's) are skipped."""
+  seen = set(exclude or ())
+  out, index = [], offset
+  while len(out) < size:
+    p = problem(seed, index)
+    index += 1
+    if p["prompt"] not in seen:
+      seen.add(p["prompt"])
+      out.append(p)
+    if index - offset > 50 * size + 1000:
+      raise ValueError(f"could not draw {size} distinct problems; lower the size")
+  return out
+
+
+def grade(generated: str, answer: str) -> bool:
+  """Exact match of the final number ("The answer is N.") against the reference."""
+  found = ANSWER.findall(generated)
+  return bool(found) and found[-1] == answer

@@ -1,0 +1,102 @@
+"""tfds builders of the data layer, built to array_record and read as random-access sources.
+
+    build("text_corpus", "/data/tfds", paths="docs/**/*.md,notes.txt")
+    src = load_source("text_corpus", "train", "/data/tfds", paths="docs/**/*.md,notes.txt")
+    grain.MapDataset.source(src).map(decode)
+
+Options are the fields of each builder's config (`BUILDERS[name].CONFIG_CLS`); a build lives
+in DATA_DIR/NAME/CONFIG/1.0.0, CONFIG being a readable prefix plus a hash of the options.
+load_source never builds: an unbuilt dataset is an error that says how to build it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from collections.abc import Mapping
+
+import tensorflow_datasets as tfds
+
+from cardjax.data.builders.arith_sft import ArithSft
+from cardjax.data.builders.common import OptionsConfig, coerce_option
+from cardjax.data.builders.python_stdlib import PythonStdlib
+from cardjax.data.builders.sft_jsonl import SftJsonl
+from cardjax.data.builders.text_corpus import TextCorpus
+from cardjax.errors import CardjaxError, ConfigError
+
+BUILDERS: dict[str, type[tfds.core.GeneratorBasedBuilder]] = {
+    "text_corpus": TextCorpus,
+    "python_stdlib": PythonStdlib,
+    "sft_jsonl": SftJsonl,
+    "arith_sft": ArithSft,
+}
+
+
+def make_config(name: str, **options) -> OptionsConfig:
+  """The named builder's config; option values may be CLI strings ("20000", "a.txt,b/*.py")."""
+  if name not in BUILDERS:
+    raise ConfigError(f"unknown dataset {name!r}; known datasets: {', '.join(BUILDERS)}")
+  config_cls = BUILDERS[name].CONFIG_CLS
+  known = config_cls.option_names()
+  unknown = sorted(set(options) - set(known))
+  if unknown:
+    raise ConfigError(
+        f"dataset {name} has no option {', '.join(unknown)}; its options are: {', '.join(known)}")
+  return config_cls(**{k: coerce_option(config_cls, name, k, v) for k, v in options.items()})
+
+
+def make_builder(name: str, data_dir: str | os.PathLike, **options) -> tfds.core.DatasetBuilder:
+  """The builder of dataset `name` with these options under `data_dir` (nothing is built)."""
+  config = make_config(name, **options)
+  return BUILDERS[name](data_dir=_abs(data_dir), file_format="array_record", config=config)
+
+
+def build(name: str, data_dir: str | os.PathLike, **options) -> tfds.core.DatasetBuilder:
+  """Build (download_and_prepare) the dataset unless already built; returns the builder."""
+  builder = make_builder(name, data_dir, **options)
+  builder.download_and_prepare()
+  return builder
+
+
+def build_command(name: str, data_dir: str | os.PathLike, **options) -> str:
+  """The `cardjax data build` command line that builds this dataset."""
+  args = ["cardjax", "data", "build", name, "--data_dir", _abs(data_dir)]
+  for key, value in options.items():
+    text = ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
+    args += [f"--{key}", text]
+  return " ".join(shlex.quote(a) for a in args)
+
+
+def load_source(name: str, split: str, data_dir: str | os.PathLike, **options):
+  """The built split as a random-access source (len, [i]) for grain.MapDataset.source."""
+  builder = make_builder(name, data_dir, **options)
+  if not builder.is_prepared():  # also covers a data_dir that does not exist
+    shown = ", ".join(f"{k}={v!r}" for k, v in options.items()) or "defaults"
+    raise CardjaxError(
+        f"dataset {name} (options {shown}) is not built in {_abs(data_dir)}; run "
+        f"`{build_command(name, data_dir, **options)}`")
+  available = list(builder.info.splits.keys())
+  if re.split(r"[\[+]", split)[0] not in available:  # allow tfds slices such as train[:10%]
+    raise CardjaxError(
+        f"dataset {name} has no split {split!r}; available splits: {', '.join(available)}")
+  return builder.as_data_source(split=split)
+
+
+def decode(example: Mapping) -> dict:
+  """A stored example as Python values: bytes -> str, "messages" JSON -> list of dicts."""
+  out = {}
+  for key, value in example.items():
+    if isinstance(value, bytes):
+      value = value.decode("utf-8")
+    out[key] = json.loads(value) if key == "messages" else value
+  return out
+
+
+def _abs(data_dir: str | os.PathLike) -> str:
+  return os.path.abspath(os.path.expanduser(os.fspath(data_dir)))
+
+
+__all__ = ["BUILDERS", "build", "build_command", "decode", "load_source", "make_builder",
+           "make_config"]

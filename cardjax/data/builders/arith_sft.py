@@ -1,0 +1,71 @@
+"""arith_sft: generated arithmetic word problems (cardjax.data.arith) as an SFT dataset.
+
+Splits "train" and "test"; features {"messages": JSON [user prompt, assistant response],
+"answer": the final number}. The test split is drawn first, from its own index range
+(TEST_OFFSET), and train excludes its questions: so the test set depends only on
+(seed, test_size) and stays comparable across train sizes, and no question is in both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import tensorflow_datasets as tfds
+
+from cardjax.data import arith
+from cardjax.data.builders.common import LOG, OptionsConfig
+from cardjax.errors import CardjaxError, ConfigError
+
+TEST_OFFSET = 1_000_000_000  # far past any train index, so the two draws never overlap
+
+
+@dataclasses.dataclass(eq=False)
+class ArithSftConfig(OptionsConfig):
+  train_size: int = 20000
+  test_size: int = 500
+  seed: int = 0
+
+  def label(self) -> str:
+    return f"train{self.train_size}_test{self.test_size}_seed{self.seed}".replace("-", "m")
+
+  def validate(self) -> None:
+    if self.train_size < 1 or self.test_size < 1:
+      raise ConfigError(
+          f"train_size and test_size must be >= 1, got {self.train_size} and {self.test_size}")
+
+
+def messages(p: dict) -> str:
+  return json.dumps([{"role": "user", "content": p["prompt"]},
+                     {"role": "assistant", "content": p["response"]}])
+
+
+class ArithSft(tfds.core.GeneratorBasedBuilder):
+  """Generated arithmetic word problems ({"messages": JSON, "answer"})."""
+
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "First version."}
+  CONFIG_CLS = ArithSftConfig
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description=__doc__.strip(),
+        features=tfds.features.FeaturesDict(
+            {"messages": tfds.features.Text(), "answer": tfds.features.Text()}),
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    cfg = self.builder_config
+    try:
+      test = arith.split(cfg.seed, cfg.test_size, offset=TEST_OFFSET)
+      train = arith.split(cfg.seed, cfg.train_size, exclude={p["prompt"] for p in test})
+    except ValueError as e:  # arith cannot draw that many distinct problems
+      raise CardjaxError(f"dataset arith_sft: {e}") from None
+    LOG.info("arith_sft: %d train, %d test problems (seed %d)", len(train), len(test), cfg.seed)
+    return {"train": self._generate_examples(train), "test": self._generate_examples(test)}
+
+  def _generate_examples(self, problems):
+    for i, p in enumerate(problems):
+      yield i, {"messages": messages(p), "answer": p["answer"]}

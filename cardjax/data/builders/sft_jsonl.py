@@ -1,0 +1,129 @@
+"""sft_jsonl: local JSONL conversations for supervised fine-tuning.
+
+Each non-blank line is either
+  {"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]} or
+  {"prompt": str, "response": str}  (becomes a user + an assistant message),
+with an optional "answer" (str or number; kept for grading). Other keys are ignored.
+Features: {"messages": JSON text of the message list, "answer": text, "" if none}.
+
+validation_percent (default 0: train only) sends that share of lines to a "validation"
+split by a stable hash of the line's content, so duplicate lines never straddle splits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+
+import tensorflow_datasets as tfds
+
+from cardjax.data.builders.common import LOG, OptionsConfig, in_validation, nonempty_splits
+from cardjax.data.builders.text_corpus import match_files, parse_json_line
+from cardjax.errors import CardjaxError, ConfigError
+
+ROLES = ("system", "user", "assistant")
+
+
+@dataclasses.dataclass(eq=False)
+class SftJsonlConfig(OptionsConfig):
+  paths: tuple[str, ...] = ()  # .jsonl files or glob patterns
+  validation_percent: int = 0
+
+  def label(self) -> str:
+    return f"files{len(self.paths)}_val{self.validation_percent}"
+
+  def normalize(self) -> None:
+    self.paths = tuple(os.path.abspath(os.path.expanduser(p)) for p in self.paths)
+
+  def validate(self) -> None:
+    if not self.paths:
+      raise ConfigError("sft_jsonl needs paths=FILE_OR_GLOB[,FILE_OR_GLOB...]")
+    self.check_percent()
+
+
+def to_messages(record, where: str) -> tuple[list[dict], str]:
+  """(messages, answer) of one parsed line; CardjaxError naming `where` if malformed."""
+  if not isinstance(record, dict):
+    raise CardjaxError(f"{where}: expected a JSON object, got {type(record).__name__}")
+  if "messages" in record:
+    raw = record["messages"]
+    if not isinstance(raw, list) or not raw:
+      raise CardjaxError(f"{where}: 'messages' must be a non-empty list")
+    messages = []
+    for i, m in enumerate(raw):
+      if not isinstance(m, dict) or m.get("role") not in ROLES:
+        role = m.get("role") if isinstance(m, dict) else m
+        raise CardjaxError(f"{where}: message {i} has role {role!r}; use one of {ROLES}")
+      if not isinstance(m.get("content"), str):
+        raise CardjaxError(f"{where}: message {i} ({m['role']}) needs a string 'content'")
+      messages.append({"role": m["role"], "content": m["content"]})
+  elif "prompt" in record or "response" in record:
+    if not (isinstance(record.get("prompt"), str) and isinstance(record.get("response"), str)):
+      raise CardjaxError(f"{where}: 'prompt' and 'response' must both be strings")
+    messages = [{"role": "user", "content": record["prompt"]},
+                {"role": "assistant", "content": record["response"]}]
+  else:
+    raise CardjaxError(
+        f"{where}: needs 'messages' or 'prompt' + 'response' (has: {', '.join(record)})")
+  if not any(m["role"] == "assistant" for m in messages):
+    raise CardjaxError(f"{where}: no assistant message, nothing to learn from")
+  answer = record.get("answer", "")
+  if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+    raise CardjaxError(f"{where}: 'answer' must be a string or a number")
+  return messages, str(answer)
+
+
+def _lines(files):
+  """(path, line number, stripped line) of every non-blank line."""
+  for path in files:
+    with open(path, "rb") as f:
+      for lineno, raw in enumerate(f, 1):
+        try:
+          line = raw.decode("utf-8").strip().removeprefix("\ufeff")
+        except UnicodeDecodeError as e:
+          raise CardjaxError(f"{path}:{lineno}: invalid UTF-8 ({e.reason})") from None
+        if line:
+          yield path, lineno, line
+
+
+class SftJsonl(tfds.core.GeneratorBasedBuilder):
+  """Local JSONL conversations ({"messages": JSON, "answer"})."""
+
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "First version."}
+  CONFIG_CLS = SftJsonlConfig
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description=__doc__.strip(),
+        features=tfds.features.FeaturesDict(
+            {"messages": tfds.features.Text(), "answer": tfds.features.Text()}),
+    )
+
+  def _split_of(self, line: str) -> str:
+    return "validation" if in_validation(line, self.builder_config.validation_percent) else "train"
+
+  def _split_lines(self, files, split):
+    return ((p, n, line) for p, n, line in _lines(files) if self._split_of(line) == split)
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    cfg = self.builder_config
+    files = [path for path, _ in match_files(cfg.paths)]
+    wanted = ["train", "validation"] if cfg.validation_percent else ["train"]
+    splits = nonempty_splits({s: functools.partial(self._split_lines, files, s) for s in wanted})
+    if not splits:
+      raise CardjaxError(f"dataset sft_jsonl: no lines in the files matching {', '.join(cfg.paths)}")
+    return {s: self._generate_examples(files, s) for s in splits}
+
+  def _generate_examples(self, files, split):
+    count = 0
+    for path, lineno, line in self._split_lines(files, split):
+      where = f"{path}:{lineno}"
+      messages, answer = to_messages(parse_json_line(line, path, lineno), where)
+      count += 1
+      yield where, {"messages": json.dumps(messages, ensure_ascii=False), "answer": answer}
+    LOG.info("sft_jsonl %s: %d conversations", split, count)

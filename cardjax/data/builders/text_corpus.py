@@ -1,0 +1,213 @@
+"""text_corpus: local text, source-code and JSONL files as a corpus of {"text", "source"}.
+
+A `.jsonl` file gives one example per line (its `text_field`); any other file (.txt, .py,
+.md, ...) is one example. Files are split train/validation by a stable hash of their path
+relative to the common root of the patterns, so a file's split survives moving the tree.
+Blank texts are skipped and counted; the counts go to the log and to the build's
+metadata.json (per split: files, examples, empty, undecodable).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import glob
+import json
+import os
+import re
+from pathlib import Path
+
+import tensorflow_datasets as tfds
+
+from cardjax.data.builders.common import LOG, OptionsConfig, in_validation, nonempty_splits
+from cardjax.errors import CardjaxError, ConfigError
+
+DECODE_MODES = ("error", "replace", "skip")
+_MAGIC = re.compile(r"[*?[]")
+
+
+@dataclasses.dataclass(eq=False)
+class TextCorpusConfig(OptionsConfig):
+  paths: tuple[str, ...] = ()  # files or glob patterns; `**` recurses
+  text_field: str = "text"  # the field of a .jsonl record that holds the text
+  validation_percent: int = 2
+  on_decode_error: str = "error"  # error | replace (U+FFFD) | skip (drop the file / line)
+
+  def label(self) -> str:
+    return f"files{len(self.paths)}_val{self.validation_percent}"
+
+  def normalize(self) -> None:
+    # Absolute, so the same pattern run from another directory is another dataset.
+    self.paths = tuple(os.path.abspath(os.path.expanduser(p)) for p in self.paths)
+
+  def validate(self) -> None:
+    if not self.paths:
+      raise ConfigError("text_corpus needs paths=FILE_OR_GLOB[,FILE_OR_GLOB...]")
+    self.check_percent()
+    self.check_choice("on_decode_error", DECODE_MODES)
+
+
+def _static_root(pattern: str) -> str:
+  """The directory part of a pattern before its first wildcard (a file's own directory)."""
+  parts = pattern.split(os.sep)
+  keep = []
+  for part in parts:
+    if _MAGIC.search(part):
+      break
+    keep.append(part)
+  else:
+    keep = keep[:-1]  # no wildcard: the pattern names a file
+  return os.sep.join(keep) or os.sep
+
+
+def match_files(patterns: tuple[str, ...]) -> list[tuple[str, str]]:
+  """Sorted (absolute path, path relative to the patterns' common root) of every match."""
+  found, missing = set(), []
+  for pattern in patterns:
+    hits = [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
+    if not hits:
+      missing.append(pattern)
+    found.update(os.path.abspath(p) for p in hits)
+  if missing:
+    raise CardjaxError(
+        f"no file matches {', '.join(missing)} (of paths {', '.join(patterns)}); check the "
+        "paths option (a directory needs a pattern such as DIR/**/*.txt)")
+  # The common root keeps relative paths unique even across patterns.
+  root = os.path.commonpath([_static_root(p) for p in patterns])
+  return sorted((p, Path(os.path.relpath(p, root)).as_posix()) for p in found)
+
+
+def _decode(data: bytes, mode: str, path: str, base: int = 0, line: int = 0) -> str | None:
+  """UTF-8 text of `data` (None when mode is skip and it is not UTF-8)."""
+  try:
+    return data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    if mode == "replace":
+      return data.decode("utf-8", errors="replace")
+    if mode == "skip":
+      return None
+    where = f"{path}:{line}" if line else path
+    raise CardjaxError(
+        f"{where}: invalid UTF-8 at byte offset {base + e.start} ({e.reason}); pass "
+        "on_decode_error=replace to substitute U+FFFD for the bad bytes, or "
+        f"on_decode_error=skip to drop the {'line' if line else 'file'}") from None
+
+
+def parse_json_line(line: str, path: str, lineno: int):
+  try:
+    return json.loads(line)
+  except json.JSONDecodeError as e:
+    raise CardjaxError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+
+
+def _jsonl_examples(path, rel, text_field, mode, stats):
+  offset, records, undecodable = 0, 0, 0
+  with open(path, "rb") as f:
+    for lineno, raw in enumerate(f, 1):
+      base, offset = offset, offset + len(raw)
+      line = _decode(raw, mode, path, base, lineno)
+      if line is None:
+        undecodable += 1
+        stats["undecodable"] += 1
+        continue
+      if not line.strip():
+        continue  # blank lines are not records
+      records += 1
+      record = parse_json_line(line.removeprefix("\ufeff"), path, lineno)
+      text = record.get(text_field) if isinstance(record, dict) else None
+      if not isinstance(text, str):
+        keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
+        raise CardjaxError(
+            f"{path}:{lineno}: no string field {text_field!r} (has: {keys}); "
+            "set the text_field option")
+      if not text.strip():
+        stats["empty"] += 1
+        continue
+      stats["examples"] += 1
+      yield f"{path}:{lineno}", {"text": text, "source": f"{rel}:{lineno}"}
+  if records == 0 and not undecodable:
+    stats["empty"] += 1  # an empty .jsonl file counts as one empty text
+
+
+def file_examples(path: str, rel: str, text_field: str, on_decode_error: str, stats):
+  """(key, {"text", "source"}) of one file; updates the `stats` Counter."""
+  stats["files"] += 1
+  if path.lower().endswith(".jsonl"):
+    yield from _jsonl_examples(path, rel, text_field, on_decode_error, stats)
+    return
+  with open(path, "rb") as f:
+    text = _decode(f.read(), on_decode_error, path)
+  if text is None:
+    stats["undecodable"] += 1
+  elif not text.strip():
+    stats["empty"] += 1
+  else:
+    stats["examples"] += 1
+    yield path, {"text": text.removeprefix("\ufeff"), "source": rel}
+
+
+class FileCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """Files -> {"text", "source"}; subclasses say which files (`_files`) and from where."""
+
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "First version."}
+  TEXT_FIELD = "text"
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description=(self.__doc__ or "").strip(),
+        features=tfds.features.FeaturesDict(
+            {"text": tfds.features.Text(), "source": tfds.features.Text()}),
+        metadata=tfds.core.MetadataDict(),  # per-split counts, filled while generating
+    )
+
+  def _files(self) -> list[tuple[str, str]]:
+    raise NotImplementedError
+
+  def _inputs(self) -> str:
+    """The inputs in words, for error messages."""
+    raise NotImplementedError
+
+  def _examples(self, files, stats):
+    cfg = self.builder_config
+    text_field = getattr(cfg, "text_field", self.TEXT_FIELD)
+    for path, rel in files:
+      yield from file_examples(path, rel, text_field, cfg.on_decode_error, stats)
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # nothing to download
+    files = {"train": [], "validation": []}
+    for path, rel in self._files():
+      val = in_validation(rel, self.builder_config.validation_percent)
+      files["validation" if val else "train"].append((path, rel))
+    probes = {s: functools.partial(self._examples, fs, collections.Counter())
+              for s, fs in files.items() if fs}
+    splits = nonempty_splits(probes)
+    if not splits:
+      raise CardjaxError(
+          f"dataset {self.name}: no examples in {self._inputs()}; every file is empty "
+          "(or was skipped as undecodable)")
+    return {s: self._generate_examples(files[s], s) for s in splits}
+
+  def _generate_examples(self, files, split):
+    stats = collections.Counter()
+    yield from self._examples(files, stats)
+    self.info.metadata[split] = dict(stats)
+    level = 30 if stats["undecodable"] else 20  # WARNING when files were dropped
+    LOG.log(level, "%s %s: %d examples from %d files; skipped %d empty, %d undecodable",
+            self.name, split, stats["examples"], stats["files"], stats["empty"],
+            stats["undecodable"])
+
+
+class TextCorpus(FileCorpus):
+  """Local text / code / JSONL files ({"text", "source"}), split by path hash."""
+
+  CONFIG_CLS = TextCorpusConfig
+
+  def _files(self):
+    return match_files(self.builder_config.paths)
+
+  def _inputs(self):
+    return f"the files matching {', '.join(self.builder_config.paths)}"

@@ -1,0 +1,284 @@
+"""grain pipelines: records -> tokens -> packed or padded rows -> per-host batches.
+
+Order is a pure function of (seed, index): the source is a random-access tfds ArrayRecord
+data source, shuffled per epoch by grain, repeated, then sliced per host
+(`process_index::process_count`), so hosts see disjoint examples and one epoch over all
+hosts covers every example once. Everything after the slice is per host:
+
+  pretrain: text + EOS -> split into <= seq_len chunks (long documents are split, never
+            dropped) -> first-fit packing with segment ids and per-document positions
+  sft:      chat-rendered ids + loss mask (1 on response tokens) -> EOS-padded to a
+            multiple of the MARS block size -> packed, or padded to seq_len
+
+Batches are dicts of int32 numpy arrays [per_host_batch, seq_len]: tokens, positions,
+segment_ids (0 = padding), loss_mask. `to_global` turns them into global jax.Arrays.
+The iterator's state (`get_state`/`set_state`) is what a checkpoint stores to resume.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+from typing import Any
+
+import grain
+import grain.experimental as grain_exp
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+
+from cardjax.data.tokenizer import Tokenizer
+from cardjax.errors import CardjaxError
+from cardjax.parallel.sharding import logical_to_spec
+
+log = logging.getLogger("cardjax.data")
+KEYS = ("tokens", "positions", "segment_ids", "loss_mask")
+
+# What the transforms split, truncated or dropped, counted in this process (grain worker
+# processes keep their own counts and log them).
+STATS: collections.Counter = collections.Counter()
+
+
+def _count(what: str, n: int = 1) -> None:
+  STATS[what] += n
+  if STATS[what] in (1, 10, 100, 1000, 10000):
+    log.warning("data: %s so far: %d", what, STATS[what])
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineSpec:
+  """How rows are made; `cardjax.data.config` builds it from the `data` config section."""
+
+  mode: str = "pretrain"  # pretrain | sft
+  seq_len: int = 256
+  batch_size: int = 8  # global rows per step, over all hosts
+  seed: int = 0
+  shuffle: bool = True
+  num_epochs: int = 0  # 0 = repeat forever
+  packing: bool = True
+  pad_to_multiple: int = 1  # SFT examples are EOS-padded to a multiple of this (MARS B)
+  sft_overflow: str = "truncate"  # truncate | drop, for conversations longer than seq_len
+  num_workers: int = 0  # grain worker processes (0 = in this process)
+  packing_bins: int = 0  # first-fit bins (0 = per-host batch size)
+  vocab_limit: int = 0  # ids must be < this (the model's vocab_size); 0 = unchecked
+
+  def validate(self) -> "PipelineSpec":
+    def bad(key, why):
+      raise CardjaxError(f"data.{key}={getattr(self, key)!r}: {why}")
+
+    if self.mode not in ("pretrain", "sft"):
+      bad("mode", "must be 'pretrain' or 'sft'")
+    if self.seq_len <= 1:
+      bad("seq_len", "must be > 1")
+    if self.batch_size <= 0:
+      bad("batch_size", "must be > 0")
+    if self.pad_to_multiple <= 0 or self.seq_len % self.pad_to_multiple:
+      bad("pad_to_multiple", f"must be > 0 and divide data.seq_len={self.seq_len} (the MARS "
+                             "block size must divide the sequence length)")
+    if self.sft_overflow not in ("truncate", "drop"):
+      bad("sft_overflow", "must be 'truncate' or 'drop'")
+    if self.num_epochs < 0 or self.num_workers < 0:
+      bad("num_epochs" if self.num_epochs < 0 else "num_workers", "must be >= 0")
+    return self
+
+
+def _check_ids(ids: np.ndarray, limit: int) -> np.ndarray:
+  if limit and ids.size and (ids.max() >= limit or ids.min() < 0):
+    raise CardjaxError(f"token id {int(ids.max())} is out of range for model.vocab_size="
+                       f"{limit}; the tokenizer has more ids than the model (raise "
+                       "model.vocab_size or use a smaller tokenizer)")
+  return ids
+
+
+def _text(example: dict) -> str:
+  value = example["text"]
+  return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+class TokenizeText(grain.transforms.Map):
+  """A document's ids followed by EOS (the separator packed documents train on)."""
+
+  def __init__(self, tokenizer: Tokenizer, vocab_limit: int):
+    self.tokenizer, self.vocab_limit = tokenizer, vocab_limit
+
+  def map(self, example):
+    ids = np.asarray(self.tokenizer.encode(_text(example)) + [self.tokenizer.eos_id], np.int32)
+    return _check_ids(ids, self.vocab_limit)
+
+
+class SplitLong(grain_exp.FlatMapTransform):
+  """Chunks of at most seq_len tokens; a longer document is split, not dropped."""
+
+  def __init__(self, seq_len: int):
+    self.seq_len = seq_len
+
+  def flat_map(self, ids):
+    if len(ids) > self.seq_len:
+      _count("documents split (longer than seq_len)")
+    return [{"tokens": ids[start:start + self.seq_len]}
+            for start in range(0, len(ids), self.seq_len)]
+
+
+class ChatRow(grain_exp.FlatMapTransform):
+  """A conversation's ids and loss mask, EOS-padded to a multiple of the block size.
+
+  The EOS padding is trained on (mask 1): the model learns to end the response, and the
+  MARS blocks of a response are whole. A dropped conversation gives an empty list.
+  """
+
+  def __init__(self, tokenizer: Tokenizer, spec: PipelineSpec):
+    self.tokenizer, self.spec = tokenizer, spec
+
+  def flat_map(self, example):
+    import json
+
+    messages = example["messages"]
+    if isinstance(messages, bytes):
+      messages = messages.decode("utf-8")
+    if isinstance(messages, str):
+      messages = json.loads(messages)
+    ids, mask = self.tokenizer.encode_chat(messages)
+    _check_ids(ids, self.spec.vocab_limit)
+    b, limit = self.spec.pad_to_multiple, self.spec.seq_len
+    pad = (-len(ids)) % b
+    ids = np.concatenate([ids, np.full(pad, self.tokenizer.eos_id, np.int32)])
+    mask = np.concatenate([mask, np.ones(pad, np.int32)])
+    if len(ids) > limit:
+      if self.spec.sft_overflow == "drop":
+        _count("conversations dropped (longer than seq_len)")
+        return []
+      _count("conversations truncated (longer than seq_len)")
+      ids, mask = ids[:limit], mask[:limit]
+    if mask.sum() == 0:
+      _count("conversations dropped (no response token left)")
+      return []
+    return [{"tokens": ids, "loss_mask": mask}]
+
+
+def _from_packed(row: dict) -> dict:
+  segments = row["tokens_segment_ids"].astype(np.int32)
+  loss = row["loss_mask"] if "loss_mask" in row else (segments > 0)
+  return {"tokens": row["tokens"].astype(np.int32),
+          "positions": row["tokens_positions"].astype(np.int32),
+          "segment_ids": segments, "loss_mask": np.asarray(loss, np.int32) * (segments > 0)}
+
+
+class PadRow(grain.transforms.Map):
+  """One example per row: pad to seq_len with pad_id, segment 0 and no loss."""
+
+  def __init__(self, seq_len: int, pad_id: int):
+    self.seq_len, self.pad_id = seq_len, pad_id
+
+  def map(self, row):
+    n, length = len(row["tokens"]), self.seq_len
+    tokens = np.full(length, self.pad_id, np.int32)
+    tokens[:n] = row["tokens"]
+    loss = np.zeros(length, np.int32)
+    loss[:n] = row.get("loss_mask", np.ones(n, np.int32))
+    segments = np.zeros(length, np.int32)
+    segments[:n] = 1
+    positions = np.zeros(length, np.int32)
+    positions[:n] = np.arange(n)
+    return {"tokens": tokens, "positions": positions, "segment_ids": segments,
+            "loss_mask": loss}
+
+
+class FillBatch(grain.transforms.Map):
+  def __init__(self, rows: int, pad_id: int):
+    self.rows, self.pad_id = rows, pad_id
+
+  def map(self, batch):
+    missing = self.rows - len(batch["tokens"])
+    if not missing:
+      return batch
+    fill = {k: np.full((missing,) + v.shape[1:], self.pad_id if k == "tokens" else 0, v.dtype)
+            for k, v in batch.items()}
+    return {k: np.concatenate([batch[k], fill[k]]) for k in batch}
+
+
+def host_slice(process_index: int | None, process_count: int | None) -> tuple[int, int]:
+  index = jax.process_index() if process_index is None else process_index
+  count = jax.process_count() if process_count is None else process_count
+  if not 0 <= index < count:
+    raise CardjaxError(f"process_index {index} is outside [0, {count})")
+  return index, count
+
+
+def make_dataset(source, tokenizer: Tokenizer, spec: PipelineSpec,
+                 process_index: int | None = None,
+                 process_count: int | None = None) -> grain.IterDataset:
+  """The per-host grain IterDataset of batches (dicts of [per_host_batch, seq_len])."""
+  spec.validate()
+  index, count = host_slice(process_index, process_count)
+  if spec.batch_size % count:
+    raise CardjaxError(f"data.batch_size={spec.batch_size} is not divisible by the "
+                       f"{count} hosts")
+  if len(source) == 0:
+    raise CardjaxError("the dataset split is empty; check the files the dataset was built "
+                       "from (cardjax data show NAME)")
+  per_host = spec.batch_size // count
+  ds = grain.MapDataset.source(source)
+  if spec.shuffle:
+    ds = ds.shuffle(seed=spec.seed)  # a new permutation each epoch
+  ds = ds.repeat(spec.num_epochs or None)
+  ds = ds[index::count]
+  it = ds.to_iter_dataset()
+  if spec.mode == "pretrain":
+    it = grain_exp.FlatMapIterDataset(it.map(TokenizeText(tokenizer, spec.vocab_limit)),
+                                      SplitLong(spec.seq_len))
+    features = ("tokens",)
+  else:
+    it = grain_exp.FlatMapIterDataset(it, ChatRow(tokenizer, spec))
+    features = ("tokens", "loss_mask")
+  if spec.packing:
+    it = grain_exp.FirstFitPackIterDataset(
+        it, length_struct={k: spec.seq_len for k in features},
+        num_packing_bins=spec.packing_bins or per_host, seed=spec.seed, shuffle_bins=False)
+    it = it.map(_from_packed)
+  else:
+    it = it.map(PadRow(spec.seq_len, tokenizer.pad_id))
+  # The last batch of a finite run is filled with empty rows (segment 0, no loss), so every
+  # example is seen and every batch has the same shape.
+  it = it.batch(per_host).map(FillBatch(per_host, tokenizer.pad_id))
+  if spec.num_workers:
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():  # grain reads its absl flags; cardjax does not use absl's
+      flags.FLAGS.mark_as_parsed()
+    it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=spec.num_workers))
+  return it
+
+
+def batch_sharding(mesh) -> NamedSharding:
+  """Rows over the data-parallel axes (the 'act_batch' rule), sequence replicated."""
+  return NamedSharding(mesh, logical_to_spec(("act_batch", "act_seq"), None, dict(mesh.shape)))
+
+
+def to_global(batch: dict[str, np.ndarray], mesh) -> dict[str, jax.Array]:
+  """Per-host rows -> global arrays [batch_size, seq_len] sharded over the mesh."""
+  sharding = batch_sharding(mesh)
+  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+
+
+class DataLoader:
+  """Iterate global batches; `get_state()` / `set_state()` resume exactly."""
+
+  def __init__(self, source, tokenizer: Tokenizer, spec: PipelineSpec, mesh=None,
+               process_index: int | None = None, process_count: int | None = None):
+    self.spec, self.mesh = spec, mesh
+    self.dataset = make_dataset(source, tokenizer, spec, process_index, process_count)
+    self._it = iter(self.dataset)
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, Any]:
+    batch = next(self._it)
+    return to_global(batch, self.mesh) if self.mesh is not None else batch
+
+  def get_state(self) -> dict:
+    return self._it.get_state()
+
+  def set_state(self, state: dict) -> None:
+    self._it.set_state(state)
