@@ -33,14 +33,17 @@ def manager(directory: str | Path, max_to_keep: int | None = None, create: bool 
 
 
 def save_model(directory: str | Path, model: Decoder, step: int = 0,
-               assets_from: str | Path | None = None) -> Path:
-  """Save the parameters and model config as `step`; copy tokenizer files once."""
+               assets_from: str | Path | None = None, data_state: dict | None = None) -> Path:
+  """Save the parameters and model config as `step` (and the data iterator's state, so a
+  resumed run gets exactly the next batches); copy tokenizer files once."""
   directory = Path(directory).absolute()
   params = nnx.state(model, nnx.Param).to_pure_dict()
+  items = dict(params=ocp.args.StandardSave(params),
+               model_config=ocp.args.JsonSave(model.cfg.to_dict()))
+  if data_state is not None:
+    items["data"] = ocp.args.JsonSave(data_state)
   with manager(directory) as mngr:
-    mngr.save(step, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(params),
-        model_config=ocp.args.JsonSave(model.cfg.to_dict())))
+    mngr.save(step, args=ocp.args.Composite(**items))
     mngr.wait_until_finished()
   if assets_from is not None and jax.process_index() == 0:
     from cardjax.hf import asset_files
@@ -68,6 +71,16 @@ def latest_step(directory: str | Path) -> int:
     raise CheckpointError(f"{directory} holds no complete checkpoint step (an interrupted "
                           "save leaves only a temporary folder, which is never read)")
   return step
+
+
+def restore_data_state(directory: str | Path, step: int | None = None) -> dict:
+  """The data iterator state saved with `step` (see DataLoader.set_state)."""
+  directory = _existing(directory)
+  step = latest_step(directory) if step is None else step
+  if not (directory / str(step) / "data").exists():
+    raise CheckpointError(f"{directory}/{step} holds no data iterator state")
+  with manager(directory, create=False) as mngr:
+    return mngr.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore()))["data"]
 
 
 def read_model_config(directory: str | Path, step: int | None = None) -> ModelConfig:

@@ -178,4 +178,18 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   for rule in config.mesh.rules:
     if len(rule) != 2:
       raise ConfigError(f"config mesh.rules entry {rule!r}: expected (logical_axis, mesh_axes)")
+  d = config.data
+  if d.mode not in ("pretrain", "sft"):
+    raise ConfigError(f"config data.mode={d.mode!r}: must be 'pretrain' or 'sft'")
+  if d.seq_len <= 1 or d.batch_size <= 0:
+    raise ConfigError(f"config data.seq_len={d.seq_len} / data.batch_size={d.batch_size}: "
+                      "must be > 1 and > 0")
+  if d.pad_to_multiple <= 0 or d.seq_len % d.pad_to_multiple:
+    raise ConfigError(f"config data.pad_to_multiple={d.pad_to_multiple} must divide "
+                      f"data.seq_len={d.seq_len} (the MARS block size must divide the length)")
+  if d.sft_overflow not in ("truncate", "drop"):
+    raise ConfigError(f"config data.sft_overflow={d.sft_overflow!r}: truncate | drop")
+  if d.tokenizer_vocab > config.model.vocab_size and not d.tokenizer:
+    raise ConfigError(f"config data.tokenizer_vocab={d.tokenizer_vocab} exceeds "
+                      f"model.vocab_size={config.model.vocab_size}")
   return config

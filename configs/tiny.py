@@ -15,5 +15,11 @@ def get_config():
   c.model.num_kv_heads = 2
   c.model.max_position_embeddings = 1024
   c.model.tie_word_embeddings = True
-  c.model.mask_token_id = 511  # the last id is reserved as [MASK]
+  # The trained BPE of the embedded datasets puts <|endoftext|> at 0 and <|mask|> at 3.
+  c.model.eos_token_id = 0
+  c.model.mask_token_id = 3
+  c.data.dataset = "python_stdlib"
+  c.data.tokenizer_vocab = 512
+  c.data.seq_len = 128
+  c.data.batch_size = 8
   return c
