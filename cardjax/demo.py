@@ -1,9 +1,10 @@
 """`make demo`: the main job in miniature, on CPU, with every artefact under one folder.
 
-So far the job is the model round trip the rest of cardjax stands on: random-init the tiny
-config, save an orbax checkpoint, export it as a Hugging Face folder, load that folder back
-into cardjax and (when installed) into transformers, and compare the logits. Later stages
-(data, training, decoding) extend this file.
+So far the job is what the rest of cardjax stands on: build the embedded datasets and their
+tokenizers, stream packed and SFT batches through the grain pipeline, run the tiny model on
+them, save an orbax checkpoint (with the data iterator's state), export it as a Hugging Face
+folder, and load that back into cardjax and (when installed) into transformers, comparing
+logits. Training and decoding stages join as those issues land.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
+
+SFT = ["--config.data.dataset=arith_sft", "--config.data.mode=sft",
+       "--config.data.pad_to_multiple=4", "--config.data.eval_split=test"]
 
 
 def _stage(name: str):
@@ -22,54 +27,102 @@ def _stage(name: str):
   return time.time()
 
 
+def _nll(model, batch) -> float:
+  """Mean next-token NLL over loss-carrying targets inside one segment."""
+  logits = model(jnp.asarray(batch["tokens"]), positions=jnp.asarray(batch["positions"]),
+                 segment_ids=jnp.asarray(batch["segment_ids"]))
+  seg = batch["segment_ids"]
+  weights = batch["loss_mask"][:, 1:] * (seg[:, 1:] == seg[:, :-1])
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1],
+                                                       jnp.asarray(batch["tokens"][:, 1:]))
+  return float((ce * weights).sum() / max(weights.sum(), 1))
+
+
 def run_demo(workdir: str | Path, overrides=()) -> dict:
   from cardjax import checkpoint, hf
   from cardjax.config import load_config, model_config
+  from cardjax.data import builders
+  from cardjax.data.prepare import (builder_options, data_dir, load_data_tokenizer, make_loader,
+                                    pipeline_spec, prepare, tokenizer_dir)
+  from cardjax.data.show import show_rows
   from cardjax.model import create_model, param_count
 
-  workdir = Path(workdir)
+  workdir = Path(workdir).absolute()
   workdir.mkdir(parents=True, exist_ok=True)
   report: dict = {"jax": jax.__version__, "backend": jax.default_backend()}
+  base = [f"--config.data.data_dir={workdir / 'data'}", *overrides]
+  pretrain = load_config("configs/tiny.py", base)
+  sft = load_config("configs/tiny.py", base + SFT)
 
-  t = _stage("1/4 init the tiny model (configs/tiny.py)")
-  config = load_config("configs/tiny.py", overrides)
-  cfg = model_config(config)
-  model = create_model(cfg, seed=config.seed)
+  t = _stage("1/5 build the embedded datasets and their tokenizers")
+  for name, config in (("python_stdlib", pretrain), ("arith_sft", sft)):
+    builder, tokenizer = prepare(config)
+    splits = {k: v.num_examples for k, v in builder.info.splits.items()}
+    report[f"{name}_splits"] = splits
+    print(f"   {name}: {splits}, tokenizer {tokenizer.vocab_size} ids")
+  print(f"   ({time.time() - t:.1f}s)")
+
+  t = _stage("2/5 stream batches through the grain pipeline")
+  loaders = {"python_stdlib": make_loader(pretrain), "arith_sft": make_loader(sft)}
+  batches = {name: next(loader) for name, loader in loaders.items()}
+  for name, batch in batches.items():
+    fill = float((batch["segment_ids"] > 0).mean())
+    print(f"   {name}: tokens {list(batch['tokens'].shape)}, {fill:.0%} of slots used, "
+          f"{int(batch['loss_mask'].sum())} loss tokens")
+  source = builders.load_source("arith_sft", "test", data_dir(sft), **builder_options(sft))
+  spec = pipeline_spec(sft, packing=False)
+  print("   an SFT row, loss on \u27e6response tokens\u27e7:\n" + "\n".join(
+      "   " + line for line in show_rows(source, load_data_tokenizer(sft), spec, 1)[0]
+      .splitlines()))
+  print(f"   ({time.time() - t:.1f}s)")
+
+  t = _stage("3/5 run the tiny model (configs/tiny.py) on real batches")
+  cfg = model_config(pretrain)
+  model = create_model(cfg, seed=pretrain.seed)
   report["params"] = param_count(model)
-  print(f"   {report['params']:,} parameters, {cfg.num_layers} layers, vocab {cfg.vocab_size}"
-        f" ({time.time() - t:.1f}s)")
-
-  t = _stage("2/4 save and restore an orbax checkpoint")
-  ckpt = checkpoint.save_model(workdir / "checkpoints", model, step=0)
-  restored, _ = checkpoint.restore_model(ckpt)
-  tokens = jnp.asarray(np.random.RandomState(0).randint(0, cfg.vocab_size, (2, 32)), jnp.int32)
-  logits = np.asarray(model(tokens))
-  report["orbax_max_abs_diff"] = float(np.abs(np.asarray(restored(tokens)) - logits).max())
-  print(f"   {ckpt}: restored logits differ by {report['orbax_max_abs_diff']:.2e} "
+  for name, batch in batches.items():
+    report[f"init_nll_{name}"] = _nll(model, batch)
+  print(f"   {report['params']:,} parameters; untrained next-token NLL "
+        f"{report['init_nll_python_stdlib']:.3f} (code), {report['init_nll_arith_sft']:.3f} "
+        f"(SFT responses); uniform would be {np.log(cfg.vocab_size):.3f} "
         f"({time.time() - t:.1f}s)")
 
-  t = _stage("3/4 export to Hugging Face and import back")
-  hf_dir = hf.save_pretrained(restored, workdir / "hf")
+  t = _stage("4/5 save and restore an orbax checkpoint (model + data iterator)")
+  ckpt = checkpoint.save_model(workdir / "checkpoints", model, step=0,
+                               data_state=loaders["python_stdlib"].get_state())
+  restored, _ = checkpoint.restore_model(ckpt)
+  tokens = jnp.asarray(batches["python_stdlib"]["tokens"][:2])
+  logits = np.asarray(model(tokens))
+  report["orbax_max_abs_diff"] = float(np.abs(np.asarray(restored(tokens)) - logits).max())
+  resumed = make_loader(pretrain)
+  resumed.set_state(checkpoint.restore_data_state(ckpt))
+  same = all(np.array_equal(a, b) for a, b in zip(next(resumed).values(),
+                                                   next(loaders["python_stdlib"]).values()))
+  report["data_resume_exact"] = same
+  print(f"   {ckpt}: logits differ by {report['orbax_max_abs_diff']:.2e}; resumed data "
+        f"iterator gives the same next batch: {same} ({time.time() - t:.1f}s)")
+
+  t = _stage("5/5 export to Hugging Face, import back, load in transformers")
+  hf_dir = hf.save_pretrained(restored, workdir / "hf", assets_from=tokenizer_dir(pretrain))
   reimported = hf.from_pretrained(hf_dir)
   report["hf_roundtrip_max_abs_diff"] = float(
       np.abs(np.asarray(reimported(tokens)) - logits).max())
-  print(f"   {hf_dir}: re-imported logits differ by {report['hf_roundtrip_max_abs_diff']:.2e}"
-        f" ({time.time() - t:.1f}s)")
-
-  t = _stage("4/4 load the export in transformers")
+  message = f"   {hf_dir}: re-imported logits differ by {report['hf_roundtrip_max_abs_diff']:.2e}"
   try:
     import torch
     import transformers
   except ImportError:
-    print("   transformers/torch not installed; skipped (pip install -e '.[test]')")
+    message += "; transformers not installed (pip install -e '.[test]')"
   else:
     tm = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     with torch.no_grad():
-      ref = tm.eval()(torch.tensor(np.asarray(tokens))).logits.numpy()
+      ref = tm.eval()(torch.tensor(np.asarray(tokens), dtype=torch.long)).logits.numpy()
     report["transformers_max_abs_diff"] = float(np.abs(ref - logits).max())
-    print(f"   transformers {transformers.__version__} logits differ by "
-          f"{report['transformers_max_abs_diff']:.2e} ({time.time() - t:.1f}s)")
-
+    message += (f"; transformers {transformers.__version__} differs by "
+                f"{report['transformers_max_abs_diff']:.2e}")
+  print(message + f" ({time.time() - t:.1f}s)")
+  for loader in loaders.values():
+    loader.close()
   (workdir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-  print(f"== done: {workdir / 'report.json'}")
+  print(f"== done: every artefact is under {workdir}; summary in report.json")
   return report

@@ -115,9 +115,11 @@ def test_sft_packing_and_overflow(tok, caplog):
   assert "conversations dropped" in caplog.text
 
 
-@pytest.mark.parametrize("mode,source", [("pretrain", TEXT_SOURCE), ("sft", CHATS)])
-def test_resume_after_k_batches_continues_with_the_next(tok, mode, source):
-  spec = PipelineSpec(mode=mode, seq_len=32, batch_size=2, seed=11, pad_to_multiple=4)
+@pytest.mark.parametrize("mode,source,workers", [("pretrain", TEXT_SOURCE, 0),
+                                                 ("sft", CHATS, 0), ("pretrain", TEXT_SOURCE, 2)])
+def test_resume_after_k_batches_continues_with_the_next(tok, mode, source, workers):
+  spec = PipelineSpec(mode=mode, seq_len=32, batch_size=2, seed=11, pad_to_multiple=4,
+                      num_workers=workers)
   reference = DataLoader(source, tok, spec)
   expected = [next(reference) for _ in range(6)]
   first = DataLoader(source, tok, spec)

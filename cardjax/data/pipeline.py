@@ -17,9 +17,12 @@ The iterator's state (`get_state`/`set_state`) is what a checkpoint stores to re
 
 from __future__ import annotations
 
+import atexit
 import collections
 import dataclasses
+import gc
 import logging
+import weakref
 from typing import Any
 
 import grain
@@ -261,20 +264,51 @@ def to_global(batch: dict[str, np.ndarray], mesh) -> dict[str, jax.Array]:
   return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
 
 
+_LIVE: "weakref.WeakSet[DataLoader]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_loaders() -> None:
+  # grain's worker buffers must be released before the interpreter tears modules down,
+  # or every open loader prints shutdown tracebacks.
+  for loader in list(_LIVE):
+    loader.close()
+
+
 class DataLoader:
-  """Iterate global batches; `get_state()` / `set_state()` resume exactly."""
+  """Iterate global batches; `get_state()` / `set_state()` resume exactly; `close()` stops
+  the grain workers (also done at exit and by `with DataLoader(...) as loader:`)."""
 
   def __init__(self, source, tokenizer: Tokenizer, spec: PipelineSpec, mesh=None,
                process_index: int | None = None, process_count: int | None = None):
     self.spec, self.mesh = spec, mesh
     self.dataset = make_dataset(source, tokenizer, spec, process_index, process_count)
     self._it = iter(self.dataset)
+    _LIVE.add(self)
+
+  def close(self) -> None:
+    if self._it is not None:
+      close = getattr(self._it, "close", None)
+      if close is not None:
+        close()
+      self._it = None  # freed now, while the modules its __del__ needs still exist
+      gc.collect()
+    _LIVE.discard(self)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
 
   def __iter__(self):
     return self
 
   def __next__(self) -> dict[str, Any]:
     batch = next(self._it)
+    if self.spec.num_workers:
+      # Copy out of grain's shared memory, whose buffers cannot outlive the interpreter.
+      batch = {k: np.array(v) for k, v in batch.items()}
     return to_global(batch, self.mesh) if self.mesh is not None else batch
 
   def get_state(self) -> dict:

@@ -29,14 +29,15 @@ def data_dir(config) -> Path:
   return Path(value).expanduser().absolute()
 
 
-def _options(config) -> dict:
+def builder_options(config) -> dict:
+  """The dataset builder's options from data.options."""
   return dict(config.data.options.to_dict()) if hasattr(config.data.options, "to_dict") \
       else dict(config.data.options)
 
 
 def tokenizer_dir(config) -> Path:
   """Where the dataset's own BPE lives: one per (dataset build, vocab size)."""
-  builder = builders.make_builder(config.data.dataset, data_dir(config), **_options(config))
+  builder = builders.make_builder(config.data.dataset, data_dir(config), **builder_options(config))
   name = f"{config.data.dataset}-{builder.builder_config.name}-bpe{config.data.tokenizer_vocab}"
   return data_dir(config) / "tokenizers" / name
 
@@ -58,7 +59,7 @@ def _training_texts(source, limit_chars: int):
 def prepare(config) -> tuple[object, Tokenizer]:
   """Build the dataset and its tokenizer when missing; return (builder, tokenizer)."""
   root = data_dir(config)
-  builder = builders.build(config.data.dataset, root, **_options(config))
+  builder = builders.build(config.data.dataset, root, **builder_options(config))
   if config.data.tokenizer:
     return builder, load_tokenizer(config.data.tokenizer)
   target = tokenizer_dir(config)
@@ -87,7 +88,7 @@ def load_data_tokenizer(config) -> Tokenizer:
 
 
 def build_command(config) -> str:
-  command = builders.build_command(config.data.dataset, data_dir(config), **_options(config))
+  command = builders.build_command(config.data.dataset, data_dir(config), **builder_options(config))
   return command + f" --tokenizer_vocab {config.data.tokenizer_vocab}"
 
 
@@ -109,7 +110,7 @@ def make_loader(config, split: str | None = None, mesh=None, process_index=None,
                 process_count=None, **changes) -> DataLoader:
   """The DataLoader of `split` (default data.split) as the config describes it."""
   source = builders.load_source(config.data.dataset, split or config.data.split,
-                                data_dir(config), **_options(config))
+                                data_dir(config), **builder_options(config))
   return DataLoader(source, load_data_tokenizer(config), pipeline_spec(config, **changes),
                     mesh=mesh, process_index=process_index, process_count=process_count)
 
@@ -117,5 +118,5 @@ def make_loader(config, split: str | None = None, mesh=None, process_index=None,
 def sample(config, split: str, n: int) -> list[dict]:
   """The first n stored examples of a split, decoded (for `cardjax data show`)."""
   source = builders.load_source(config.data.dataset, split, data_dir(config),
-                                **_options(config))
+                                **builder_options(config))
   return [builders.decode(source[i]) for i in itertools.islice(range(len(source)), n)]

@@ -1,0 +1,15 @@
+"""`make demo` end to end (what a new user runs first)."""
+
+from cardjax.demo import run_demo
+
+
+def test_demo_runs_and_reports(tmp_path):
+  report = run_demo(tmp_path / "demo")
+  assert report["python_stdlib_splits"]["train"] > 1000
+  assert report["arith_sft_splits"] == {"train": 20000, "test": 500}
+  assert report["orbax_max_abs_diff"] == 0.0 and report["hf_roundtrip_max_abs_diff"] == 0.0
+  assert report["transformers_max_abs_diff"] < 1e-4
+  assert report["data_resume_exact"] is True
+  assert 5.5 < report["init_nll_python_stdlib"] < 7.0  # near log(512) = 6.24 when untrained
+  assert (tmp_path / "demo" / "report.json").is_file()
+  assert (tmp_path / "demo" / "hf" / "tokenizer.json").is_file()
