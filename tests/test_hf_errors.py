@@ -7,7 +7,6 @@ import shutil
 
 import numpy as np
 import pytest
-from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 import cardjax.hf

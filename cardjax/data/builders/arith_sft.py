@@ -11,10 +11,9 @@ from __future__ import annotations
 import dataclasses
 import json
 
-import tensorflow_datasets as tfds
 
 from cardjax.data import arith
-from cardjax.data.builders.common import LOG, OptionsConfig
+from cardjax.data.builders.common import LOG, ConversationBuilder, OptionsConfig
 from cardjax.errors import CardjaxError, ConfigError
 
 TEST_OFFSET = 1_000_000_000  # far past any train index, so the two draws never overlap
@@ -40,20 +39,10 @@ def messages(p: dict) -> str:
                      {"role": "assistant", "content": p["response"]}])
 
 
-class ArithSft(tfds.core.GeneratorBasedBuilder):
+class ArithSft(ConversationBuilder):
   """Generated arithmetic word problems ({"messages": JSON, "answer"})."""
 
-  VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "First version."}
   CONFIG_CLS = ArithSftConfig
-
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self,
-        description=__doc__.strip(),
-        features=tfds.features.FeaturesDict(
-            {"messages": tfds.features.Text(), "answer": tfds.features.Text()}),
-    )
 
   def _split_generators(self, dl_manager):
     del dl_manager

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterable
+from typing import ClassVar
 
 import tensorflow_datasets as tfds
 
@@ -135,3 +136,39 @@ def nonempty_splits(candidates: dict[str, Callable[[], Iterable]]) -> list[str]:
     finally:
       getattr(items, "close", lambda: None)()  # close the files of a half-read generator
   return found
+
+
+@dataclasses.dataclass(eq=False)
+class PathsConfig(OptionsConfig):
+  """Options of a builder that reads local files: patterns and a validation share."""
+
+  BUILDER: ClassVar[str] = "this dataset"  # the builder's name, for error messages
+  paths: tuple[str, ...] = ()  # files or glob patterns; `**` recurses
+  validation_percent: int = 2
+
+  def label(self) -> str:
+    return f"files{len(self.paths)}_val{self.validation_percent}"
+
+  def normalize(self) -> None:
+    # Absolute, so the same pattern run from another directory is another dataset.
+    self.paths = tuple(os.path.abspath(os.path.expanduser(p)) for p in self.paths)
+
+  def validate(self) -> None:
+    if not self.paths:
+      raise ConfigError(f"{self.BUILDER} needs paths=FILE_OR_GLOB[,FILE_OR_GLOB...]")
+    self.check_percent()
+
+
+class ConversationBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """Conversations stored as {"messages": JSON list of {role, content}, "answer": text}."""
+
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "First version."}
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description=(self.__doc__ or "").strip(),
+        features=tfds.features.FeaturesDict(
+            {"messages": tfds.features.Text(), "answer": tfds.features.Text()}),
+    )

@@ -15,32 +15,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
+from typing import ClassVar
 
-import tensorflow_datasets as tfds
 
-from cardjax.data.builders.common import LOG, OptionsConfig, in_validation, nonempty_splits
+from cardjax.data.builders.common import (LOG, ConversationBuilder, PathsConfig, in_validation,
+                                          nonempty_splits)
 from cardjax.data.builders.text_corpus import match_files, parse_json_line
-from cardjax.errors import CardjaxError, ConfigError
+from cardjax.errors import CardjaxError
 
 ROLES = ("system", "user", "assistant")
 
 
 @dataclasses.dataclass(eq=False)
-class SftJsonlConfig(OptionsConfig):
-  paths: tuple[str, ...] = ()  # .jsonl files or glob patterns
-  validation_percent: int = 0
-
-  def label(self) -> str:
-    return f"files{len(self.paths)}_val{self.validation_percent}"
-
-  def normalize(self) -> None:
-    self.paths = tuple(os.path.abspath(os.path.expanduser(p)) for p in self.paths)
-
-  def validate(self) -> None:
-    if not self.paths:
-      raise ConfigError("sft_jsonl needs paths=FILE_OR_GLOB[,FILE_OR_GLOB...]")
-    self.check_percent()
+class SftJsonlConfig(PathsConfig):
+  BUILDER: ClassVar[str] = "sft_jsonl"
+  validation_percent: int = 0  # conversations are usually split upstream
 
 
 def to_messages(record, where: str) -> tuple[list[dict], str]:
@@ -88,20 +77,10 @@ def _lines(files):
           yield path, lineno, line
 
 
-class SftJsonl(tfds.core.GeneratorBasedBuilder):
+class SftJsonl(ConversationBuilder):
   """Local JSONL conversations ({"messages": JSON, "answer"})."""
 
-  VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "First version."}
   CONFIG_CLS = SftJsonlConfig
-
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self,
-        description=__doc__.strip(),
-        features=tfds.features.FeaturesDict(
-            {"messages": tfds.features.Text(), "answer": tfds.features.Text()}),
-    )
 
   def _split_of(self, line: str) -> str:
     return "validation" if in_validation(line, self.builder_config.validation_percent) else "train"

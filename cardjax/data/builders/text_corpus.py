@@ -17,34 +17,25 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import ClassVar
 
 import tensorflow_datasets as tfds
 
-from cardjax.data.builders.common import LOG, OptionsConfig, in_validation, nonempty_splits
-from cardjax.errors import CardjaxError, ConfigError
+from cardjax.data.builders.common import LOG, PathsConfig, in_validation, nonempty_splits
+from cardjax.errors import CardjaxError
 
 DECODE_MODES = ("error", "replace", "skip")
 _MAGIC = re.compile(r"[*?[]")
 
 
 @dataclasses.dataclass(eq=False)
-class TextCorpusConfig(OptionsConfig):
-  paths: tuple[str, ...] = ()  # files or glob patterns; `**` recurses
+class TextCorpusConfig(PathsConfig):
+  BUILDER: ClassVar[str] = "text_corpus"
   text_field: str = "text"  # the field of a .jsonl record that holds the text
-  validation_percent: int = 2
   on_decode_error: str = "error"  # error | replace (U+FFFD) | skip (drop the file / line)
 
-  def label(self) -> str:
-    return f"files{len(self.paths)}_val{self.validation_percent}"
-
-  def normalize(self) -> None:
-    # Absolute, so the same pattern run from another directory is another dataset.
-    self.paths = tuple(os.path.abspath(os.path.expanduser(p)) for p in self.paths)
-
   def validate(self) -> None:
-    if not self.paths:
-      raise ConfigError("text_corpus needs paths=FILE_OR_GLOB[,FILE_OR_GLOB...]")
-    self.check_percent()
+    super().validate()
     self.check_choice("on_decode_error", DECODE_MODES)
 
 
