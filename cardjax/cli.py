@@ -2,6 +2,7 @@
 
   cardjax config     --config configs/tiny.py [--config.k=v ...]   print the resolved config
   cardjax init       --config configs/tiny.py --workdir DIR          random-init checkpoint
+  cardjax train      --config configs/tiny_ar.py --workdir DIR       train or resume
   cardjax import-hf  HF_DIR CKPT_DIR [--dtype D] [--scan-layers]     HF folder -> orbax
   cardjax export-hf  CKPT_DIR HF_DIR [--step N] [--dtype D]          orbax -> HF folder
   cardjax data build NAME [--data_dir D] [--OPTION VALUE ...]       dataset + tokenizer
@@ -130,6 +131,23 @@ def cmd_data_show(args, overrides, options) -> None:
     print(row)
 
 
+def cmd_train(args, overrides) -> int:
+  from cardjax.config import load_config
+  from cardjax.train import Preempted, train
+
+  config = load_config(args.config, overrides)
+  try:
+    result = train(config, args.workdir)
+  except Preempted as e:
+    print(f"cardjax: {e}", file=sys.stderr)
+    return 143
+  train_m, eval_m = result["train"], result["eval"]
+  print(f"trained {result['step']} steps: loss {train_m.get('loss', float('nan')):.4f}; "
+        f"validation loss {eval_m.get('loss', float('nan')):.4f}, "
+        f"AR NLL {eval_m.get('ar_nll', float('nan')):.4f}; {args.workdir}")
+  return 0
+
+
 def cmd_demo(args, overrides) -> None:
   from cardjax.demo import run_demo
   run_demo(args.workdir, overrides)
@@ -166,6 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
   _config_arg(p)
   p.add_argument("--workdir", required=True, help="run folder; checkpoints go to WORKDIR/checkpoints")
   p.set_defaults(fn=cmd_init)
+
+  p = sub.add_parser("train", help="train (or resume) a model with a config")
+  _config_arg(p)
+  p.add_argument("--workdir", required=True, help="run folder: checkpoints, metrics.jsonl, "
+                                                  "tensorboard/; an existing run resumes")
+  p.set_defaults(fn=cmd_train)
 
   p = sub.add_parser("import-hf", help="Hugging Face folder -> orbax checkpoint")
   p.add_argument("hf_dir", help="local HF model folder (config.json + safetensors)")
@@ -225,14 +249,11 @@ def main(argv: list[str] | None = None) -> int:
   for noisy in ("absl", "jax._src", "orbax"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
   try:
-    if options is None:
-      args.fn(args, overrides)
-    else:
-      args.fn(args, overrides, options)
+    code = args.fn(args, overrides) if options is None else args.fn(args, overrides, options)
   except CardjaxError as e:
     print(f"cardjax: error: {e}", file=sys.stderr)
     return 2
-  return 0
+  return code or 0
 
 
 if __name__ == "__main__":

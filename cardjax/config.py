@@ -52,6 +52,40 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.pad_to_multiple = 1  # SFT: EOS-pad each example to a multiple of this (MARS B)
   c.data.sft_overflow = "truncate"  # SFT examples longer than seq_len: truncate | drop
   c.data.num_workers = 0  # grain worker processes (0 = in the training process)
+  c.objective = ml_collections.ConfigDict()
+  c.objective.name = "ar"  # ar | card | mars | mdlm | bd3lm
+  c.objective.block_size = 4  # B: MARS / BD3LM block length (must divide data.seq_len)
+  c.objective.alpha = 1.0  # MARS: weight of the clean-stream (SFT) term
+  c.objective.card_masking = "soft_tail"  # soft_tail | strict_tail | uniform (ablations)
+  c.objective.card_lambda = 1.5  # soft tail window W = min(L, floor(lambda * N))
+  c.objective.card_reweighting = "context"  # context | none (ablation)
+  c.objective.card_beta = 1.0  # w_q = 1 / (beta + S_q)
+  c.objective.card_p = 0.5  # distance decay of S_q = C_q + (1 - p) S_{q-1}
+  c.objective.clean_fraction = 0.0  # CARD: share of rows left uncorrupted (paper: 0)
+  c.objective.t_eps = 1e-3  # MDLM / BD3LM: t ~ U(t_eps, 1)
+  c.objective.shift = False  # MDLM / BD3LM: True = output q predicts x_{q+1} (Dream style)
+  c.train = ml_collections.ConfigDict()
+  c.train.steps = 100  # optimizer steps
+  c.train.lr = 3e-4  # peak learning rate
+  c.train.schedule = "cosine"  # cosine | constant | wsd (warmup-stable-decay)
+  c.train.warmup_steps = 0  # linear warmup steps; 0 = use warmup_fraction
+  c.train.warmup_fraction = 0.0  # warmup as a share of train.steps (MARS recipe: 0.03)
+  c.train.decay_fraction = 0.1  # wsd: the final share of steps that decays
+  c.train.min_lr_ratio = 0.1  # final lr / peak lr (cosine, wsd)
+  c.train.weight_decay = 0.1  # AdamW decay, never on norms or biases
+  c.train.b1 = 0.9
+  c.train.b2 = 0.95
+  c.train.eps = 1e-8
+  c.train.grad_clip = 1.0  # global-norm clipping; 0 = off
+  c.train.grad_accum = 1  # micro-batches per step (data.batch_size rows in all)
+  c.train.log_every = 10  # steps between metric lines (JSONL, TensorBoard)
+  c.train.eval_every = 0  # steps between validations; 0 = only at the end
+  c.train.eval_steps = 4  # validation batches (from data.eval_split)
+  c.train.checkpoint_every = 100  # steps between checkpoints (and one at the end)
+  c.train.keep_checkpoints = 3  # newest checkpoints kept
+  c.train.async_checkpoint = True  # write checkpoints in the background
+  c.train.init_from = ""  # "" = random init | a HF folder | an orbax checkpoint folder
+  c.train.progress = True  # a progress bar on the terminal
   return c
 
 
@@ -189,6 +223,19 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
                       f"data.seq_len={d.seq_len} (the MARS block size must divide the length)")
   if d.sft_overflow not in ("truncate", "drop"):
     raise ConfigError(f"config data.sft_overflow={d.sft_overflow!r}: truncate | drop")
+  o, t = config.objective, config.train
+  if o.name in ("mars", "bd3lm") and (o.block_size <= 0 or d.seq_len % o.block_size):
+    raise ConfigError(f"config objective.block_size={o.block_size} must divide "
+                      f"data.seq_len={d.seq_len}")
+  if o.name == "mars" and d.mode == "sft" and d.pad_to_multiple % o.block_size:
+    raise ConfigError(f"config data.pad_to_multiple={d.pad_to_multiple} must be a multiple "
+                      f"of objective.block_size={o.block_size} (MARS pads responses to whole "
+                      "blocks)")
+  if t.grad_accum <= 0 or d.batch_size % t.grad_accum:
+    raise ConfigError(f"config train.grad_accum={t.grad_accum} must divide "
+                      f"data.batch_size={d.batch_size}")
+  if t.steps <= 0 or t.lr <= 0:
+    raise ConfigError(f"config train.steps={t.steps} and train.lr={t.lr} must be > 0")
   if d.tokenizer_vocab > config.model.vocab_size and not d.tokenizer:
     raise ConfigError(f"config data.tokenizer_vocab={d.tokenizer_vocab} exceeds "
                       f"model.vocab_size={config.model.vocab_size}")

@@ -1,0 +1,51 @@
+"""Model FLOPs per step and MFU, with attention counted for the mask actually used.
+
+Matmul FLOPs: 6 per parameter per token (forward + backward) for every weight matrix that
+multiplies activations (the LM head included, the embedding lookup not). Attention: 4 *
+head_dim * heads FLOPs per visible (query, key) pair and layer in the forward pass, x3 for
+training; the visible pairs are counted from the batch's real mask (MARS's dual stream
+sees far less than (2L)^2, packed rows less than a causal L^2 / 2). Rematerialisation is
+not counted (the usual MFU convention).
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from cardjax.attention import dense_mask
+from cardjax.model.config import ModelConfig
+
+# bf16 dense peak per chip, by device_kind substring (first match wins).
+PEAK_FLOPS = (("H200", 989e12), ("H100", 989e12), ("A100", 312e12), ("L4", 121e12),
+              ("v6", 918e12), ("v5p", 459e12), ("v5 lite", 197e12), ("v5e", 197e12),
+              ("v4", 275e12))
+
+
+def peak_flops_per_device(device=None) -> float | None:
+  kind = (device or jax.devices()[0]).device_kind
+  for key, value in PEAK_FLOPS:
+    if key.lower() in kind.lower():
+      return value
+  return None  # CPU and unknown chips: MFU is not reported
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+  d, f, hd = cfg.hidden_size, cfg.intermediate_size, cfg.resolved_head_dim
+  per_layer = d * hd * (cfg.num_heads * 2 + cfg.num_kv_heads * 2) + 3 * d * f
+  return cfg.num_layers * per_layer + cfg.vocab_size * d
+
+
+def visible_pairs(inputs) -> float:
+  """Visible (query, key) pairs per row, averaged over the batch, from a ModelInputs."""
+  meta = tuple(np.asarray(a) for a in (inputs.positions, inputs.streams, inputs.segment_ids))
+  mask = dense_mask(inputs.mask, meta, meta)
+  real = (meta[2] > 0)[:, :, None] & (meta[2] > 0)[:, None, :]
+  return float((mask & real).sum() / mask.shape[0])
+
+
+def train_flops_per_row(cfg: ModelConfig, model_tokens: int, pairs: float) -> float:
+  """Training FLOPs for one row of `model_tokens` tokens with `pairs` visible pairs."""
+  dense = 6.0 * matmul_params(cfg) * model_tokens
+  attention = 3.0 * 4.0 * cfg.resolved_head_dim * cfg.num_heads * cfg.num_layers * pairs
+  return dense + attention

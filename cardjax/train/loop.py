@@ -1,0 +1,241 @@
+"""`cardjax train`: the training loop around the jitted step.
+
+Start-up: resume from the newest checkpoint in WORKDIR/checkpoints if there is one, else
+initialise from train.init_from (a HF folder, an orbax checkpoint) or at random. Then: one
+jit of the step with explicit shardings and donation, a progress bar (loss, tokens/s, MFU,
+ETA), metrics to WORKDIR/metrics.jsonl and TensorBoard, validation, checkpoints (with the
+data iterator) every train.checkpoint_every steps, at the end, and on SIGTERM. A NaN or
+infinite loss stops the run with the last good checkpoint left as the latest.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tqdm import tqdm
+
+from cardjax import checkpoint as model_checkpoint
+from cardjax import hf
+from cardjax.config import model_config
+from cardjax.data.pipeline import batch_sharding
+from cardjax.data.prepare import make_loader
+from cardjax.errors import CardjaxError
+from cardjax.model import ModelConfig, create_model
+from cardjax.objectives import make_objective
+from cardjax.parallel import make_mesh, param_shardings, use_rules
+from cardjax.train import flops
+from cardjax.train.checkpointing import TrainCheckpointer
+from cardjax.train.metrics import MetricsWriter
+from cardjax.train.optimizer import make_optimizer
+from cardjax.train.step import corrupt_rows, make_eval_step, make_train_step, row_keys
+
+log = logging.getLogger("cardjax.train")
+RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat", "attention_impl",
+                  "mask_token_id")
+
+
+class TrainingError(CardjaxError):
+  """The run cannot go on (a NaN loss); the message says which checkpoint is good."""
+
+
+class Preempted(Exception):
+  """SIGTERM arrived; a checkpoint of the current step was written."""
+
+
+def _init_model(config, mesh):
+  """(model, source) from train.init_from or a random init."""
+  source = config.train.init_from
+  runtime = {k: config.model[k] for k in RUNTIME_FIELDS}
+  if not source:
+    return create_model(model_config(config), seed=config.seed, mesh=mesh), "random init"
+  path = Path(source)
+  if (path / "config.json").is_file():
+    return hf.from_pretrained(path, mesh=mesh, **runtime), f"HF {path}"
+  if path.is_dir():
+    overrides = {k: runtime[k] for k in ("dtype", "remat", "attention_impl", "mask_token_id")}
+    model, step = model_checkpoint.restore_model(path, mesh=mesh, **overrides)
+    return model, f"orbax {path} step {step}"
+  raise CardjaxError(f"train.init_from={source!r} is neither a HF folder (config.json) nor "
+                     "an orbax checkpoint folder")
+
+
+class _SigtermFlag:
+  def __init__(self):
+    self.raised = False
+    self.previous = None
+
+  def __enter__(self):
+    try:
+      self.previous = signal.signal(signal.SIGTERM, self._handle)
+    except ValueError:  # not the main thread: no handler, no flag
+      self.previous = None
+    return self
+
+  def _handle(self, *_):
+    self.raised = True
+
+  def __exit__(self, *exc):
+    if self.previous is not None:
+      signal.signal(signal.SIGTERM, self.previous)
+
+
+def train(config, workdir: str | Path) -> dict:
+  """Run (or resume) the training job; returns the last train and eval metrics."""
+  workdir = Path(workdir).absolute()
+  workdir.mkdir(parents=True, exist_ok=True)
+  mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+  rules = config.mesh.rules or None
+  with jax.set_mesh(mesh), (use_rules(rules) if rules else _null()):
+    return _train(config, workdir, mesh)
+
+
+class _null:
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    return False
+
+
+def _train(config, workdir: Path, mesh) -> dict:
+  t = config.train
+  ckpt = TrainCheckpointer(workdir / "checkpoints", t.keep_checkpoints, t.async_checkpoint)
+  latest = ckpt.latest_step()
+  if latest is not None:
+    saved = model_checkpoint.read_model_config(ckpt.directory, latest)
+    runtime = {k: config.model[k] for k in RUNTIME_FIELDS}
+    model = create_model(ModelConfig.from_dict({**saved.to_dict(), **runtime}),
+                         seed=config.seed, mesh=mesh)
+    origin = f"resumed from step {latest}"
+  else:
+    model, origin = _init_model(config, mesh)
+  cfg = model.cfg
+  objective = make_objective(config.objective, cfg)
+  graphdef, params = nnx.split(model, nnx.Param)
+  params = params.to_pure_dict()
+  del model
+  tx = make_optimizer(t, params)
+  param_sh = jax.tree.map(lambda x: x.sharding, params)
+  opt_state = jax.jit(tx.init)(params)
+  opt_sh = jax.tree.map(lambda x: x.sharding, opt_state)
+  loader = make_loader(config, mesh=mesh)
+  start = 0
+  if latest is not None:
+    params, opt_state, data_state = ckpt.restore(latest, params, opt_state)
+    loader.set_state(data_state)
+    start = latest
+  log.info("model: %s (%s), objective %s, mesh %s", origin, cfg.model_type, objective.name,
+           dict(mesh.shape))
+
+  batch_sh = batch_sharding(mesh)
+  batch_shardings = {k: batch_sh for k in ("tokens", "positions", "segment_ids", "loss_mask")}
+  step_fn = jax.jit(make_train_step(graphdef, objective, tx, config.seed, t.grad_accum),
+                    in_shardings=(param_sh, opt_sh, batch_shardings, None),
+                    out_shardings=(param_sh, opt_sh, None), donate_argnums=(0, 1))
+  eval_fn = jax.jit(make_eval_step(graphdef, objective, config.seed))
+
+  writer = MetricsWriter(workdir)
+  rows, seq = config.data.batch_size, config.data.seq_len
+  model_tokens = rows * seq * objective.stream_factor
+  peak = flops.peak_flops_per_device()
+  flops_per_step = None
+  metrics: dict = {}
+  eval_metrics: dict = {}
+  last_saved = start if latest is not None else None
+  pending = None  # (step, loss array) of the step before, checked one step late
+  bar = tqdm(total=t.steps, initial=start, disable=not t.progress or jax.process_index() != 0,
+             desc=f"train {objective.name}", unit="step", dynamic_ncols=True)
+  tick, tick_step = time.perf_counter(), start
+
+  def check(step, loss):
+    value = float(loss)
+    if not math.isfinite(value):
+      good = ckpt.latest_step()
+      raise TrainingError(f"loss became {value} at step {step}; stopped. The last good "
+                          f"checkpoint is step {good} in {ckpt.directory} (lower train.lr, "
+                          "raise train.warmup_steps or check the data)")
+
+  def save(step):
+    nonlocal last_saved
+    ckpt.save(step, params, opt_state, loader.get_state(), config, cfg)
+    last_saved = step
+
+  try:
+    with _SigtermFlag() as sigterm:
+      for step in range(start, t.steps):
+        batch = next(loader)
+        if flops_per_step is None:
+          sample = corrupt_rows(objective, jax.device_get(batch),
+                                row_keys(jax.random.key(0), 0, 0, rows))
+          pairs = flops.visible_pairs(sample)
+          flops_per_step = rows * flops.train_flops_per_row(cfg, seq * objective.stream_factor,
+                                                            pairs)
+        params, opt_state, metrics = step_fn(params, opt_state, batch, jnp.int32(step))
+        if pending is not None:
+          check(*pending)
+        pending = (step + 1, metrics["loss"])
+        done = step + 1
+        bar.update(1)
+        if done % t.log_every == 0 or done == t.steps:
+          check(*pending)
+          values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+          elapsed = time.perf_counter() - tick
+          steps_s = (done - tick_step) / max(elapsed, 1e-9)
+          values["tokens_per_s"] = steps_s * model_tokens
+          values["lr"] = float(tx_lr(t, step))  # the rate this step used
+          if peak:
+            values["mfu"] = steps_s * flops_per_step / (peak * jax.device_count())
+          tick, tick_step = time.perf_counter(), done
+          writer.write(done, values)
+          bar.set_postfix(loss=f"{values['loss']:.3f}", tok_s=f"{values['tokens_per_s']:,.0f}",
+                          **({"mfu": f"{values['mfu']:.1%}"} if "mfu" in values else {}))
+          metrics = values
+        if (t.eval_every and done % t.eval_every == 0) or done == t.steps:
+          eval_metrics = _evaluate(config, eval_fn, params, mesh)
+          writer.write(done, eval_metrics, prefix="eval")
+          log.info("step %d eval: %s", done, {k: round(v, 4) for k, v in eval_metrics.items()})
+          if done % t.log_every == 0:  # validation time is not training throughput
+            tick = time.perf_counter()
+        if done % t.checkpoint_every == 0 or done == t.steps:
+          check(*pending)
+          save(done)
+        if sigterm.raised:
+          check(*pending)
+          if last_saved != done:
+            save(done)
+          ckpt.wait()
+          raise Preempted(f"SIGTERM: saved step {done} in {ckpt.directory}; run the same "
+                          "command again to resume")
+  finally:
+    bar.close()
+    writer.close()
+    loader.close()
+    ckpt.close()
+  return {"train": metrics, "eval": eval_metrics, "step": t.steps}
+
+
+def tx_lr(train_cfg, step: int) -> float:
+  from cardjax.train.optimizer import learning_rate
+  return learning_rate(train_cfg)(step)
+
+
+def _evaluate(config, eval_fn, params, mesh) -> dict:
+  """Mean objective loss and AR NLL over train.eval_steps fixed validation batches."""
+  loader = make_loader(config, split=config.data.eval_split, mesh=mesh, shuffle=False)
+  try:
+    totals: dict = {}
+    for index in range(config.train.eval_steps):
+      out = jax.device_get(eval_fn(params, next(loader), jnp.int32(index)))
+      for k, v in out.items():
+        totals[k] = totals.get(k, 0.0) + float(v)
+  finally:
+    loader.close()
+  return {k: v / config.train.eval_steps for k, v in totals.items()}

@@ -1,0 +1,97 @@
+"""The train and eval steps: pure functions of (params, opt_state, batch, step), jitted once
+with explicit shardings and donation by the loop.
+
+Corruption is keyed per example: row r of step s uses fold_in(fold_in(seed, s), r), so a
+resumed run, a different mesh, or k accumulation micro-batches of b rows all draw exactly
+the masks one step of k*b rows draws. Micro-batch losses are weighted by their objective's
+normalizer (tokens or rows), so accumulation equals the large batch instead of averaging
+means (and never rescales the loss twice).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from cardjax.objectives.base import ModelInputs, Objective
+
+
+def corrupt_rows(objective: Objective, batch: dict, keys: jax.Array) -> ModelInputs:
+  """objective.corrupt on each row with its own key (vmapped), as one batch again."""
+  def one(row, key):
+    out = objective.corrupt({k: v[None] for k, v in row.items()}, key)
+    return jax.tree.map(lambda x: x[0], out)
+
+  return jax.vmap(one)(batch, keys)
+
+
+def row_keys(seed_key: jax.Array, step, first_row, rows: int) -> jax.Array:
+  step_key = jax.random.fold_in(seed_key, step)
+  return jax.vmap(lambda r: jax.random.fold_in(step_key, r))(first_row + jnp.arange(rows))
+
+
+def forward(graphdef, params, inputs: ModelInputs):
+  model = nnx.merge(graphdef, params)
+  return model(inputs.tokens, positions=inputs.positions, segment_ids=inputs.segment_ids,
+               mask=inputs.mask, streams=inputs.streams)
+
+
+def make_train_step(graphdef, objective: Objective, tx: optax.GradientTransformation,
+                    seed: int, accum: int):
+  seed_key = jax.random.key(seed)
+
+  def micro_loss(params, micro, keys):
+    inputs = corrupt_rows(objective, micro, keys)
+    loss, metrics = objective.loss(forward(graphdef, params, inputs), inputs)
+    n = jax.lax.stop_gradient(objective.normalizer(inputs))
+    return loss * n, (n, metrics)
+
+  grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+  def step_fn(params, opt_state, batch, step):
+    rows = batch["tokens"].shape[0]
+    if rows % accum:
+      raise ValueError(f"batch of {rows} rows does not split into {accum} micro-batches")
+    size = rows // accum
+    micro = jax.tree.map(lambda x: x.reshape((accum, size) + x.shape[1:]), batch)
+    keys = row_keys(seed_key, step, 0, rows).reshape(accum, size)
+
+    def body(carry, xs):
+      grads, total, norm, metrics = carry
+      (weighted, (n, m)), g = grad_fn(params, *xs)
+      metrics = jax.tree.map(lambda a, b: a + b * n, metrics, m)
+      return (jax.tree.map(jnp.add, grads, g), total + weighted, norm + n, metrics), None
+
+    first = grad_fn(params, jax.tree.map(lambda x: x[0], micro), keys[0])
+    (weighted, (n, m)), g = first
+    carry = (g, weighted, n, jax.tree.map(lambda b: b * n, m))
+    if accum > 1:
+      rest = (jax.tree.map(lambda x: x[1:], micro), keys[1:])
+      carry, _ = jax.lax.scan(body, carry, rest)
+    grads, total, norm, metrics = carry
+    norm = jnp.maximum(norm, 1e-9)
+    grads = jax.tree.map(lambda g: g / norm, grads)
+    metrics = jax.tree.map(lambda v: v / norm, metrics)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    metrics = dict(metrics, loss=total / norm, grad_norm=optax.global_norm(grads))
+    return params, opt_state, metrics
+
+  return step_fn
+
+
+def make_eval_step(graphdef, objective: Objective, seed: int):
+  """Objective loss (fixed corruption per eval row) and the plain AR NLL of the clean text."""
+  eval_key = jax.random.fold_in(jax.random.key(seed), 2**31 - 1)  # never a train step
+
+  def eval_fn(params, batch, index):
+    keys = row_keys(eval_key, index, 0, batch["tokens"].shape[0])
+    inputs = corrupt_rows(objective, batch, keys)
+    loss, metrics = objective.loss(forward(graphdef, params, inputs), inputs)
+    model = nnx.merge(graphdef, params)
+    nll = objective.ar_nll(lambda t, p, s: model(t, positions=p, segment_ids=s), batch)
+    return dict(metrics, loss=loss, ar_nll=nll)
+
+  return eval_fn

@@ -1,0 +1,192 @@
+"""The trainer: mesh equivalence, accumulation, exact resume, SIGTERM, NaN, bad configs."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from cardjax import checkpoint
+from cardjax.config import load_config, model_config
+from cardjax.data.pipeline import PipelineSpec, make_dataset
+from cardjax.data.prepare import prepare
+from cardjax.data.tokenizer import train_bpe
+from cardjax.errors import ConfigError
+from cardjax.model import create_model
+from cardjax.objectives import make_objective
+from cardjax.parallel import make_mesh
+from cardjax.train import TrainingError, train
+from cardjax.train.optimizer import make_optimizer
+from cardjax.train.step import make_train_step
+
+SMALL = ["--config.data.options.max_files=40", "--config.data.options.validation_percent=10",
+         "--config.data.seq_len=32",
+         "--config.data.batch_size=8", "--config.train.log_every=2",
+         "--config.train.progress=false", "--config.train.eval_steps=1",
+         "--config.model.hidden_size=32", "--config.model.intermediate_size=64"]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  root = tmp_path_factory.mktemp("data")
+  prepare(load_config("configs/tiny_ar.py", [f"--config.data.data_dir={root}", *SMALL]))
+  return root
+
+
+def _config(data_dir, *extra):
+  return load_config("configs/tiny_ar.py", [f"--config.data.data_dir={data_dir}", *SMALL,
+                                            *extra])
+
+
+def _batch(rows=8, seq=32, seed=0):
+  docs = [" ".join(["alpha beta gamma"] * (3 + i % 5)) + f" {i}" for i in range(64)]
+  tok = train_bpe(docs, 300, f"/tmp/cardjax-test-tok-{os.getpid()}")
+  spec = PipelineSpec(seq_len=seq, batch_size=rows, seed=seed)
+  return next(iter(make_dataset([{"text": d.encode()} for d in docs], tok, spec, 0, 1)))
+
+
+def _run_step(config, batch, mesh, accum=1, steps=1):
+  cfg = model_config(config)
+  with jax.set_mesh(mesh):
+    model = create_model(cfg, seed=0, mesh=mesh)
+    graphdef, params = nnx.split(model, nnx.Param)
+    params = params.to_pure_dict()
+    tx = make_optimizer(config.train, params)
+    opt_state = jax.jit(tx.init)(params)
+    step = jax.jit(make_train_step(graphdef, make_objective(config.objective, cfg), tx,
+                                   config.seed, accum))
+    for i in range(steps):
+      params, opt_state, metrics = step(params, opt_state, {k: jnp.asarray(v) for k, v in
+                                                            batch.items()}, jnp.int32(i))
+    return jax.device_get(params), {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+
+def _assert_close(a, b, atol):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=0)
+
+
+def test_step_on_8_devices_equals_1_device(data_dir):
+  config = _config(data_dir, "--config.model.vocab_size=512")
+  batch = _batch()
+  p1, m1 = _run_step(config, batch, make_mesh(1, 1, 1, devices=jax.devices()[:1]), steps=2)
+  p8, m8 = _run_step(config, batch, make_mesh(2, 2, 2), steps=2)
+  assert abs(m1["loss"] - m8["loss"]) < 1e-5
+  _assert_close(p1, p8, 1e-5)
+
+
+def test_accumulation_equals_one_large_batch(data_dir):
+  config = _config(data_dir)
+  batch = _batch()
+  mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
+  p1, m1 = _run_step(config, batch, mesh, accum=1)
+  p4, m4 = _run_step(config, batch, mesh, accum=4)
+  assert abs(m1["loss"] - m4["loss"]) < 1e-5
+  _assert_close(p1, p4, 1e-6)
+
+
+def _params(workdir, step=None):
+  model, _ = checkpoint.restore_model(workdir / "checkpoints", step=step)
+  return jax.tree.leaves(nnx.state(model, nnx.Param))
+
+
+def test_loss_falls_and_resume_is_exact(data_dir, tmp_path):
+  full = train(_config(data_dir, "--config.train.steps=8", "--config.train.checkpoint_every=4"),
+               tmp_path / "full")
+  lines = [json.loads(l) for l in open(tmp_path / "full" / "metrics.jsonl")]
+  losses = [l["train/loss"] for l in lines if "train/loss" in l]
+  assert losses[-1] < losses[0]
+  assert full["eval"]["ar_nll"] > 0 and (tmp_path / "full" / "tensorboard").is_dir()
+  # N steps, stop, then resume to 2N: the same parameters as 2N straight through.
+  train(_config(data_dir, "--config.train.steps=8", "--config.train.checkpoint_every=4",
+                "--config.train.eval_every=0"), tmp_path / "split")
+  for a, b in zip(_params(tmp_path / "full"), _params(tmp_path / "split")):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  import shutil
+  shutil.rmtree(tmp_path / "split" / "checkpoints" / "8")  # as if killed after step 4
+  train(_config(data_dir, "--config.train.steps=8", "--config.train.checkpoint_every=4"),
+        tmp_path / "split")
+  for a, b in zip(_params(tmp_path / "full"), _params(tmp_path / "split")):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
+  config = _config(data_dir, "--config.train.steps=40", "--config.train.checkpoint_every=2",
+                   "--config.train.lr=1e12", "--config.train.grad_clip=0",
+                   "--config.train.warmup_steps=1", "--config.train.schedule=constant")
+  with pytest.raises(TrainingError, match="loss became (nan|inf).*last good checkpoint is step"):
+    train(config, tmp_path)
+  good = checkpoint.latest_step(tmp_path / "checkpoints")
+  model, _ = checkpoint.restore_model(tmp_path / "checkpoints")
+  assert all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(nnx.state(model)))
+  assert good >= 2
+
+
+def test_sigterm_saves_and_resume_matches(data_dir, tmp_path):
+  args = [sys.executable, "-m", "cardjax.cli", "train", "--config", "configs/tiny_ar.py",
+          "--workdir", str(tmp_path / "run"), f"--config.data.data_dir={data_dir}", *SMALL,
+          "--config.train.steps=400", "--config.train.checkpoint_every=1000",
+          "--config.train.eval_every=0", "--config.train.schedule=constant"]
+  # The same 8 simulated devices as this process (conftest's XLA_FLAGS), so that the
+  # stopped run, the resumed run and the straight run reduce in the same order.
+  proc = subprocess.Popen(args, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+  metrics = tmp_path / "run" / "metrics.jsonl"
+  deadline = time.time() + 240
+  while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGTERM)
+  out, _ = proc.communicate(timeout=240)
+  assert proc.returncode == 143, out[-2000:]
+  assert "SIGTERM: saved step" in out
+  stopped = checkpoint.latest_step(tmp_path / "run" / "checkpoints")
+  assert 4 <= stopped < 400
+  # Resuming continues from that step exactly as a run that never stopped (fewer total
+  # steps for speed; the constant schedule does not depend on the total).
+  same = [f"--config.train.steps={stopped + 2}", "--config.train.checkpoint_every=1000",
+          "--config.train.eval_every=0", "--config.train.schedule=constant"]
+  train(_config(data_dir, *same), tmp_path / "run")
+  train(_config(data_dir, *same), tmp_path / "straight")
+  for a, b in zip(_params(tmp_path / "run"), _params(tmp_path / "straight")):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_bad_configs_are_clear_errors(data_dir):
+  with pytest.raises(ConfigError, match="objective.name='mystery'"):
+    make_objective(_config(data_dir, "--config.objective.name=mystery").objective,
+                   model_config(_config(data_dir)))
+  with pytest.raises(ConfigError, match="block_size=5 must divide data.seq_len=32"):
+    _config(data_dir, "--config.objective.name=mars", "--config.objective.block_size=5")
+  with pytest.raises(ConfigError, match="grad_accum=3 must divide"):
+    _config(data_dir, "--config.train.grad_accum=3")
+
+
+def test_kill_during_saves_leaves_a_restorable_latest(data_dir, tmp_path):
+  """SIGKILL while checkpoints are written every step: the latest step is always whole."""
+  args = [sys.executable, "-m", "cardjax.cli", "train", "--config", "configs/tiny_ar.py",
+          "--workdir", str(tmp_path / "run"), f"--config.data.data_dir={data_dir}", *SMALL,
+          "--config.train.steps=400", "--config.train.checkpoint_every=1",
+          "--config.train.keep_checkpoints=2", "--config.train.eval_every=0"]
+  proc = subprocess.Popen(args, env=dict(os.environ), stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  ckpts = tmp_path / "run" / "checkpoints"
+  deadline = time.time() + 240
+  while time.time() < deadline and not (ckpts.exists() and len(list(ckpts.iterdir())) >= 3):
+    time.sleep(0.05)
+  proc.kill()
+  proc.wait(timeout=60)
+  latest = checkpoint.latest_step(ckpts)
+  model, step = checkpoint.restore_model(ckpts)
+  assert step == latest >= 1
+  assert all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(nnx.state(model)))
+  # And training resumes from it.
+  result = train(_config(data_dir, f"--config.train.steps={latest + 1}",
+                         "--config.train.eval_every=0"), tmp_path / "run")
+  assert result["step"] == latest + 1
