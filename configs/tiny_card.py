@@ -1,0 +1,10 @@
+"""CARD pretraining of the tiny model (configs/tiny_ar.py's recipe) on python_stdlib."""
+
+from cardjax.config import load_config
+
+
+def get_config():
+  c = load_config("tiny_ar")
+  c.name = "tiny_card"
+  c.objective.name = "card"
+  return c
