@@ -82,8 +82,9 @@ def test_step_on_8_devices_equals_1_device(data_dir):
   _assert_close(p1, p8, 1e-5)
 
 
-def test_accumulation_equals_one_large_batch(data_dir):
-  config = _config(data_dir)
+@pytest.mark.parametrize("objective", ["ar", "card", "mars"])
+def test_accumulation_equals_one_large_batch(data_dir, objective):
+  config = _config(data_dir, f"--config.objective.name={objective}")
   batch = _batch()
   mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
   p1, m1 = _run_step(config, batch, mesh, accum=1)
@@ -190,3 +191,25 @@ def test_kill_during_saves_leaves_a_restorable_latest(data_dir, tmp_path):
   result = train(_config(data_dir, f"--config.train.steps={latest + 1}",
                          "--config.train.eval_every=0"), tmp_path / "run")
   assert result["step"] == latest + 1
+
+
+def test_init_from_hf_and_orbax_and_bf16(data_dir, tmp_path):
+  """MARS starts from a HF model (the Qwen recipe) or from stage 1's orbax checkpoint."""
+  from cardjax import hf
+
+  config = _config(data_dir, "--config.train.steps=2", "--config.train.eval_every=0")
+  source = create_model(model_config(config), seed=7)
+  hf.save_pretrained(source, tmp_path / "hf")
+  start = _config(data_dir, "--config.train.steps=1", "--config.train.lr=1e-9",
+                  f"--config.train.init_from={tmp_path / 'hf'}", "--config.train.eval_every=0")
+  train(start, tmp_path / "from_hf")
+  for a, b in zip(_params(tmp_path / "from_hf"), jax.tree.leaves(nnx.state(source, nnx.Param))):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)  # lr ~ 0: unchanged
+  stage2 = _config(data_dir, "--config.train.steps=2", "--config.objective.name=mars",
+                   f"--config.train.init_from={tmp_path / 'from_hf' / 'checkpoints'}",
+                   "--config.model.dtype=bfloat16", "--config.train.eval_every=0")
+  result = train(stage2, tmp_path / "mars")
+  assert np.isfinite(result["train"]["loss"])
+  model, _ = checkpoint.restore_model(tmp_path / "mars" / "checkpoints")
+  assert model.cfg.dtype == "bfloat16"
+  assert all(np.asarray(p).dtype == np.float32 for p in jax.tree.leaves(nnx.state(model)))

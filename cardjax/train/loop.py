@@ -18,7 +18,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
@@ -30,7 +29,7 @@ from cardjax.data.prepare import make_loader
 from cardjax.errors import CardjaxError
 from cardjax.model import ModelConfig, create_model
 from cardjax.objectives import make_objective
-from cardjax.parallel import make_mesh, param_shardings, use_rules
+from cardjax.parallel import make_mesh, use_rules
 from cardjax.train import flops
 from cardjax.train.checkpointing import TrainCheckpointer
 from cardjax.train.metrics import MetricsWriter

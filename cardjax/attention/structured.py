@@ -1,0 +1,183 @@
+"""Structured XLA attention for the two-stream kinds: only the parts that can be visible.
+
+The dense reference scores all (2L)^2 (query, key) pairs of a two-stream row, but half of
+the matrix (clean -> noisy) is never visible and the noisy -> noisy quarter is a narrow band
+around the diagonal. `structured_attention` computes
+
+  kind         queries  keys                    scores     rule checked per pair
+  dual_stream  clean    clean                   L x L      causal in position
+  (MARS)       noisy    clean  | noisy band     L x L + B  earlier block | same block, k<=q
+  bd3lm        noisy    noisy band | clean      2B-1 + L   same block | earlier block
+  (BD3LM)      clean    clean                   L x L      block-causal
+
+with `spec.allowed` evaluated on the real metadata of every computed pair, the same finite
+fill and one float32 softmax per query over everything it may see (for a noisy query: the
+concatenation [clean scores | band scores]). The result equals `reference_attention` up to
+float rounding when the inputs follow the layout contract below; the skipped pairs are
+exactly those the mask rules can never allow there.
+
+Layout contract (what cardjax.objectives.mars / bd3lm produce; they are the only producers):
+  * self-attention: q and k have the same length T = 2L (even), q_meta and k_meta describe
+    the same tokens;
+  * dual_stream: streams are [0]*L + [1]*L ([clean | noisy]);
+    bd3lm:       streams are [1]*L + [0]*L ([noisy | clean]);
+  * both halves carry the SAME position ids and the SAME segment ids;
+  * every segment id > 0 is one contiguous run of indices inside a half, and its positions
+    increase by exactly 1 from one token to the next (packed documents: positions restart
+    per document, so a segment, and a block = position // B, need NOT start at an index
+    that is a multiple of B).
+Under this contract two tokens of one segment in the same block with k_pos <= q_pos lie at
+most B-1 indices apart, so the noisy -> noisy band (B keys ending at the query's own index
+for dual_stream, 2B-1 keys centred on it for bd3lm) holds every visible noisy key. Band slots
+outside the half are masked off.
+
+Padding (segment 0) is outside the contract: the data pipeline gives padding tokens position
+0, so for the reference every padding noisy token sees every padding noisy token, which the
+band does not hold. Padding rows' outputs may therefore differ from the reference (they stay
+finite). They can never influence a real token (segments differ) and carry no loss, so
+losses and gradients of any loss that gives padding zero weight are unchanged.
+
+The contract is checked by `check_layout` (numpy) whenever the metadata is concrete, e.g.
+eager calls and tests; under jit it cannot be checked without a host round trip, so it is
+documented here and tested in tests/test_attention_structured.py instead.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cardjax.attention.masks import CLEAN, NOISY, MaskSpec
+
+TWO_STREAM_KINDS = ("dual_stream", "bd3lm")
+_FILL = jnp.finfo(jnp.float32).min  # the reference's finite fill
+
+
+def _halves(spec: MaskSpec, length: int):
+  """(clean slice, noisy slice) of a two-stream row of `length` = 2L tokens."""
+  l = length // 2
+  first, second = slice(0, l), slice(l, 2 * l)
+  return (first, second) if spec.kind == "dual_stream" else (second, first)
+
+
+def _band_offsets(spec: MaskSpec) -> tuple[int, ...]:
+  """Key index minus query index of the noisy -> noisy band."""
+  b = spec.block_size
+  return tuple(range(-(b - 1), 1)) if spec.kind == "dual_stream" else tuple(range(-(b - 1), b))
+
+
+def layout_problems(spec: MaskSpec, q_meta, k_meta) -> list[str]:
+  """What breaks the layout contract (module docstring) in concrete metadata; [] if none."""
+  problems = []
+  qm = [np.asarray(x) for x in q_meta]
+  km = [np.asarray(x) for x in k_meta]
+  for name, a, b in zip(("positions", "streams", "segment_ids"), qm, km):
+    if a.shape != b.shape or not np.array_equal(a, b):
+      problems.append(f"q and k {name} differ (structured attention is self-attention only)")
+  pos, streams, seg = qm
+  if pos.ndim != 2 or pos.shape[1] % 2:
+    return problems + [f"metadata must be [batch, 2L], got {list(pos.shape)}"]
+  l = pos.shape[1] // 2
+  clean, noisy = _halves(spec, 2 * l)
+  if not ((streams[:, clean] == CLEAN).all() and (streams[:, noisy] == NOISY).all()):
+    order = "[clean | noisy]" if spec.kind == "dual_stream" else "[noisy | clean]"
+    problems.append(f"{spec.kind} needs streams {order}")
+  for name, a in (("positions", pos), ("segment_ids", seg)):
+    if not np.array_equal(a[:, :l], a[:, l:]):
+      problems.append(f"the two halves must share {name}")
+  half_pos, half_seg = pos[:, :l], seg[:, :l]
+  for r in range(half_seg.shape[0]):
+    s, p = half_seg[r], half_pos[r]
+    for sid in np.unique(s[s > 0]):
+      idx = np.flatnonzero(s == sid)
+      if idx[-1] - idx[0] + 1 != len(idx):
+        problems.append(f"row {r}: segment {sid} is not one contiguous run")
+      elif (np.diff(p[idx]) != 1).any():
+        problems.append(f"row {r}: positions of segment {sid} do not increase by 1")
+  return problems
+
+
+def check_layout(spec: MaskSpec, q_meta, k_meta):
+  """Raise ValueError when concrete metadata breaks the layout contract."""
+  problems = layout_problems(spec, q_meta, k_meta)
+  if problems:
+    raise ValueError(f"structured {spec.kind} attention: the inputs break the layout "
+                     f"contract (see cardjax/attention/structured.py): {'; '.join(problems)}")
+
+
+def _is_concrete(tree) -> bool:
+  return not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
+
+
+def _allowed(spec, qm, km):
+  """spec.allowed on metadata triples that already broadcast against each other."""
+  return spec.allowed(qm[0], km[0], qm[1], km[1], qm[2], km[2])
+
+
+def _shifted(x, offsets):
+  """[b, L, ...] -> [b, L, len(offsets), ...]: slot w of query i holds x[i + offsets[w]]
+  (zeros outside [0, L))."""
+  l = x.shape[1]
+  lo, hi = -min(offsets), max(offsets)
+  pad = [(0, 0)] * x.ndim
+  pad[1] = (lo, hi)
+  xp = jnp.pad(x, pad)
+  return jnp.stack([xp[:, lo + o: lo + o + l] for o in offsets], axis=2)
+
+
+def structured_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, scale: float | None = None):
+  """Attention for the two-stream kinds, equal to `reference_attention` under the layout
+  contract of this module. Same arguments and shapes as the reference:
+  q [b, 2L, heads, d]; k, v [b, 2L, kv_heads, d]; metas (positions, streams, segment_ids).
+  """
+  if spec.kind not in TWO_STREAM_KINDS:
+    raise ValueError(f"structured attention handles {TWO_STREAM_KINDS}, not {spec.kind!r}")
+  b, t, h, d = q.shape
+  kvh = k.shape[2]
+  if k.shape[1] != t or t % 2:
+    raise ValueError(f"structured {spec.kind} attention needs self-attention over an even "
+                     f"length [clean/noisy halves]; got q length {t}, k length {k.shape[1]}")
+  if h % kvh:
+    raise ValueError(f"{h} query heads are not a multiple of {kvh} kv heads")
+  if _is_concrete((q_meta, k_meta)):
+    check_layout(spec, q_meta, k_meta)
+  scale = d ** -0.5 if scale is None else scale
+  l, g = t // 2, h // kvh
+  clean, noisy = _halves(spec, t)
+  qm_c = tuple(x[:, clean] for x in q_meta)
+  qm_n = tuple(x[:, noisy] for x in q_meta)
+  km_c = tuple(x[:, clean] for x in k_meta)
+  km_n = tuple(x[:, noisy] for x in k_meta)
+  kc, vc, kn, vn = k[:, clean], v[:, clean], k[:, noisy], v[:, noisy]
+
+  # Clean queries see clean keys only: an L x L block, rule checked per pair.
+  qg_c = q[:, clean].reshape(b, l, kvh, g, d)
+  s = jnp.einsum("bqkgd,bskd->bkgqs", qg_c, kc, preferred_element_type=jnp.float32) * scale
+  mask = _allowed(spec, tuple(x[:, :, None] for x in qm_c), tuple(x[:, None, :] for x in km_c))
+  s = jnp.where(mask[:, None, None], s, _FILL)
+  p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+  out_c = jnp.einsum("bkgqs,bskd->bqkgd", p, vc).reshape(b, l, h, d)
+
+  # Noisy queries: L clean keys plus the band of noisy keys, one joint softmax.
+  qg_n = q[:, noisy].reshape(b, l, kvh, g, d)
+  s_c = jnp.einsum("bqkgd,bskd->bkgqs", qg_n, kc, preferred_element_type=jnp.float32) * scale
+  mask_c = _allowed(spec, tuple(x[:, :, None] for x in qm_n), tuple(x[:, None, :] for x in km_c))
+  s_c = jnp.where(mask_c[:, None, None], s_c, _FILL)
+
+  offsets = _band_offsets(spec)
+  kb, vb = _shifted(kn, offsets), _shifted(vn, offsets)  # [b, L, W, kvh, d]
+  km_b = tuple(_shifted(x, offsets) for x in km_n)  # [b, L, W]
+  idx = jnp.arange(l)[:, None] + jnp.asarray(offsets)[None, :]
+  in_range = (idx >= 0) & (idx < l)  # [L, W]
+  mask_b = in_range & _allowed(spec, tuple(x[:, :, None] for x in qm_n), km_b)
+  s_b = jnp.einsum("bqkgd,bqwkd->bkgqw", qg_n, kb, preferred_element_type=jnp.float32) * scale
+  s_b = jnp.where(mask_b[:, None, None], s_b, _FILL)
+
+  p = jax.nn.softmax(jnp.concatenate([s_c, s_b], axis=-1), axis=-1).astype(v.dtype)
+  p_c, p_b = p[..., :l], p[..., l:]
+  out_n = (jnp.einsum("bkgqs,bskd->bqkgd", p_c, vc)
+           + jnp.einsum("bkgqw,bqwkd->bqkgd", p_b, vb)).reshape(b, l, h, d)
+
+  parts = (out_c, out_n) if spec.kind == "dual_stream" else (out_n, out_c)
+  return jnp.concatenate(parts, axis=1)
