@@ -33,15 +33,15 @@ def manager(directory: str | Path, max_to_keep: int | None = None, create: bool 
 
 
 def save_model(directory: str | Path, model: Decoder, step: int = 0,
-               assets_from: str | Path | None = None, data_state: dict | None = None) -> Path:
-  """Save the parameters and model config as `step` (and the data iterator's state, so a
+               assets_from: str | Path | None = None, data_loader=None) -> Path:
+  """Save the parameters and model config as `step` (and a DataLoader's iterator state, so a
   resumed run gets exactly the next batches); copy tokenizer files once."""
   directory = Path(directory).absolute()
   params = nnx.state(model, nnx.Param).to_pure_dict()
   items = dict(params=ocp.args.StandardSave(params),
                model_config=ocp.args.JsonSave(model.cfg.to_dict()))
-  if data_state is not None:
-    items["data"] = ocp.args.JsonSave(data_state)
+  if data_loader is not None:
+    items["data"] = data_loader.checkpoint_save()
   with manager(directory) as mngr:
     mngr.save(step, args=ocp.args.Composite(**items))
     mngr.wait_until_finished()
@@ -73,14 +73,14 @@ def latest_step(directory: str | Path) -> int:
   return step
 
 
-def restore_data_state(directory: str | Path, step: int | None = None) -> dict:
-  """The data iterator state saved with `step` (see DataLoader.set_state)."""
+def restore_data_state(directory: str | Path, data_loader, step: int | None = None) -> None:
+  """Put `data_loader` (a DataLoader like the saved one) where it was at `step`."""
   directory = _existing(directory)
   step = latest_step(directory) if step is None else step
   if not (directory / str(step) / "data").exists():
     raise CheckpointError(f"{directory}/{step} holds no data iterator state")
   with manager(directory, create=False) as mngr:
-    return mngr.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore()))["data"]
+    mngr.restore(step, args=ocp.args.Composite(data=data_loader.checkpoint_restore()))
 
 
 def read_model_config(directory: str | Path, step: int | None = None) -> ModelConfig:
@@ -119,6 +119,11 @@ def restore_model(directory: str | Path, step: int | None = None, mesh=None,
     abstract_state = jax.tree.map(
         lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s), abstract_state,
         param_shardings(abstract_state, mesh))
+  else:
+    # One device, whatever topology saved it (a pod's checkpoint exported on a laptop).
+    one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract_state = jax.tree.map(
+        lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=one), abstract_state)
   target = abstract_state.to_pure_dict()
   with manager(directory, create=False) as mngr:
     try:

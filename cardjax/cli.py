@@ -249,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
   for noisy in ("absl", "jax._src", "orbax"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
   try:
+    from cardjax.parallel.distributed import initialize
+    initialize()  # a no-op unless the environment describes a multi-process job
     code = args.fn(args, overrides) if options is None else args.fn(args, overrides, options)
   except CardjaxError as e:
     print(f"cardjax: error: {e}", file=sys.stderr)

@@ -89,13 +89,13 @@ def run_demo(workdir: str | Path, overrides=()) -> dict:
 
   t = _stage("4/5 save and restore an orbax checkpoint (model + data iterator)")
   ckpt = checkpoint.save_model(workdir / "checkpoints", model, step=0,
-                               data_state=loaders["python_stdlib"].get_state())
+                               data_loader=loaders["python_stdlib"])
   restored, _ = checkpoint.restore_model(ckpt)
   tokens = jnp.asarray(batches["python_stdlib"]["tokens"][:2])
   logits = np.asarray(model(tokens))
   report["orbax_max_abs_diff"] = float(np.abs(np.asarray(restored(tokens)) - logits).max())
   resumed = make_loader(pretrain)
-  resumed.set_state(checkpoint.restore_data_state(ckpt))
+  checkpoint.restore_data_state(ckpt, resumed)
   same = all(np.array_equal(a, b) for a, b in zip(next(resumed).values(),
                                                    next(loaders["python_stdlib"]).values()))
   report["data_resume_exact"] = same

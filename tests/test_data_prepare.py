@@ -60,9 +60,10 @@ def test_resume_from_an_orbax_checkpoint(arith_dir, tmp_path):
     next(loader)
   model = create_model(ModelConfig(vocab_size=512, hidden_size=32, intermediate_size=64,
                                    num_layers=1))
-  checkpoint.save_model(tmp_path / "ck", model, step=2, data_state=loader.get_state())
+  checkpoint.save_model(tmp_path / "ck", model, step=2, data_loader=loader)
   resumed = make_loader(config)
-  resumed.set_state(checkpoint.restore_data_state(tmp_path / "ck"))
+  checkpoint.restore_data_state(tmp_path / "ck", resumed)
+  assert (tmp_path / "ck" / "2" / "data" / "process_0-of-1.json").is_file()
   for batch in want[2:]:
     got = next(resumed)
     for key in batch:

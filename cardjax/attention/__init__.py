@@ -2,19 +2,42 @@
 
 from cardjax.attention.masks import BIDIRECTIONAL, CAUSAL, CLEAN, NOISY, MaskSpec
 from cardjax.attention.reference import dense_mask, reference_attention
+from cardjax.attention.structured import TWO_STREAM_KINDS, structured_attention
 
-IMPLEMENTATIONS = {"xla": reference_attention}
+# "xla": the dense reference, except the two-stream kinds (dual_stream, bd3lm) over a
+# self-attention row [2L], which take the structured path (equal under its layout contract,
+# see cardjax/attention/structured.py). Set False (or pass structured=False) to force the
+# dense reference everywhere; it is read when attend is traced.
+STRUCTURED_TWO_STREAM = True
 
 
-def attend(q, k, v, spec: MaskSpec, q_meta, k_meta, impl: str = "xla"):
-  """Dispatch to the configured implementation (only the XLA reference exists so far)."""
+def xla_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, structured: bool | None = None):
+  use = STRUCTURED_TWO_STREAM if structured is None else structured
+  if (use and spec.kind in TWO_STREAM_KINDS and q.shape[1] == k.shape[1]
+      and q.shape[1] % 2 == 0):
+    return structured_attention(q, k, v, spec, q_meta, k_meta)
+  return reference_attention(q, k, v, spec, q_meta, k_meta)
+
+
+IMPLEMENTATIONS = {"xla": xla_attention}
+
+
+def attend(q, k, v, spec: MaskSpec, q_meta, k_meta, impl: str = "xla",
+           structured: bool | None = None):
+  """Dispatch to the configured implementation (only XLA exists so far).
+
+  structured: for impl "xla", whether the two-stream kinds use the structured path
+  (None = the module's STRUCTURED_TWO_STREAM; False = the dense reference). Passed on
+  only when given.
+  """
   try:
     fn = IMPLEMENTATIONS[impl]
   except KeyError:
     raise ValueError(f"unknown attention implementation {impl!r}; "
                      f"available: {sorted(IMPLEMENTATIONS)}") from None
-  return fn(q, k, v, spec, q_meta, k_meta)
+  extra = {} if structured is None else {"structured": structured}
+  return fn(q, k, v, spec, q_meta, k_meta, **extra)
 
 
-__all__ = ["MaskSpec", "CAUSAL", "BIDIRECTIONAL", "CLEAN", "NOISY", "attend", "dense_mask",
-           "reference_attention"]
+__all__ = ["MaskSpec", "CAUSAL", "BIDIRECTIONAL", "CLEAN", "NOISY", "STRUCTURED_TWO_STREAM",
+           "attend", "dense_mask", "reference_attention", "structured_attention"]

@@ -176,8 +176,10 @@ def structured_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, scale: float |
 
   p = jax.nn.softmax(jnp.concatenate([s_c, s_b], axis=-1), axis=-1).astype(v.dtype)
   p_c, p_b = p[..., :l], p[..., l:]
-  out_n = (jnp.einsum("bkgqs,bskd->bqkgd", p_c, vc)
-           + jnp.einsum("bkgqw,bqwkd->bqkgd", p_b, vb)).reshape(b, l, h, d)
+  f32 = jnp.float32  # sum the two parts before rounding to the compute dtype
+  out_n = (jnp.einsum("bkgqs,bskd->bqkgd", p_c, vc, preferred_element_type=f32)
+           + jnp.einsum("bkgqw,bqwkd->bqkgd", p_b, vb, preferred_element_type=f32))
+  out_n = out_n.astype(out_c.dtype).reshape(b, l, h, d)
 
   parts = (out_c, out_n) if spec.kind == "dual_stream" else (out_n, out_c)
   return jnp.concatenate(parts, axis=1)

@@ -25,6 +25,7 @@ import logging
 import weakref
 from typing import Any
 
+
 import grain
 import grain.experimental as grain_exp
 import jax
@@ -310,6 +311,14 @@ class DataLoader:
       # Copy out of grain's shared memory, whose buffers cannot outlive the interpreter.
       batch = {k: np.array(v) for k, v in batch.items()}
     return to_global(batch, self.mesh) if self.mesh is not None else batch
+
+  def checkpoint_save(self):
+    """The orbax save argument of the iterator: every process writes its own state file
+    (process_I-of-N.json), so each host resumes its own slice."""
+    return grain.checkpoint.CheckpointSave(self._it)
+
+  def checkpoint_restore(self):
+    return grain.checkpoint.CheckpointRestore(self._it)
 
   def get_state(self) -> dict:
     return self._it.get_state()

@@ -1,7 +1,8 @@
 """The trainer's orbax checkpoints: params, optimizer state, data iterator, configs.
 
 Items of a step: `params` and `model_config` (what cardjax.checkpoint.restore_model and
-`cardjax export-hf` read), `opt_state`, `data` (the grain iterator state) and `config` (the
+`cardjax export-hf` read), `opt_state`, `data` (each host's grain iterator state, one file
+per process) and `config` (the
 run's whole config, for the record). Saves are asynchronous; orbax writes each step to a
 temporary folder and renames it only when complete, so a crash, SIGTERM or full disk during
 a save leaves the previous step as the latest.
@@ -25,22 +26,23 @@ class TrainCheckpointer:
   def latest_step(self) -> int | None:
     return self.mngr.latest_step()
 
-  def save(self, step: int, params, opt_state, data_state: dict, config, model_cfg) -> None:
+  def save(self, step: int, params, opt_state, loader, config, model_cfg) -> None:
     self.mngr.save(step, args=ocp.args.Composite(
         params=ocp.args.StandardSave(params),
         opt_state=ocp.args.StandardSave(opt_state),
-        data=ocp.args.JsonSave(data_state),
+        data=loader.checkpoint_save(),
         config=ocp.args.JsonSave(config.to_dict()),
         model_config=ocp.args.JsonSave(model_cfg.to_dict())), force=True)
 
-  def restore(self, step: int, params_target, opt_target):
-    """(params, opt_state, data_state) of `step`, each array in its target's sharding."""
+  def restore(self, step: int, params_target, opt_target, loader):
+    """(params, opt_state) of `step`, each array in its target's sharding; `loader` is put
+    back where it was."""
     as_struct = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
     out = self.mngr.restore(step, args=ocp.args.Composite(
         params=ocp.args.StandardRestore(jax.tree.map(as_struct, params_target)),
         opt_state=ocp.args.StandardRestore(jax.tree.map(as_struct, opt_target)),
-        data=ocp.args.JsonRestore()))
-    return out["params"], out["opt_state"], out["data"]
+        data=loader.checkpoint_restore()))
+    return out["params"], out["opt_state"]
 
   def wait(self) -> None:
     self.mngr.wait_until_finished()

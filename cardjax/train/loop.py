@@ -18,6 +18,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
@@ -128,8 +129,7 @@ def _train(config, workdir: Path, mesh) -> dict:
   loader = make_loader(config, mesh=mesh)
   start = 0
   if latest is not None:
-    params, opt_state, data_state = ckpt.restore(latest, params, opt_state)
-    loader.set_state(data_state)
+    params, opt_state = ckpt.restore(latest, params, opt_state, loader)
     start = latest
   log.info("model: %s (%s), objective %s, mesh %s", origin, cfg.model_type, objective.name,
            dict(mesh.shape))
@@ -164,7 +164,7 @@ def _train(config, workdir: Path, mesh) -> dict:
 
   def save(step):
     nonlocal last_saved
-    ckpt.save(step, params, opt_state, loader.get_state(), config, cfg)
+    ckpt.save(step, params, opt_state, loader, config, cfg)
     last_saved = step
 
   try:
@@ -172,8 +172,10 @@ def _train(config, workdir: Path, mesh) -> dict:
       for step in range(start, t.steps):
         batch = next(loader)
         if flops_per_step is None:
-          sample = corrupt_rows(objective, jax.device_get(batch),
-                                row_keys(jax.random.key(0), 0, 0, rows))
+          # This host's rows (a global array is not fully addressable on a pod).
+          local = {k: np.asarray(v.addressable_shards[0].data) for k, v in batch.items()}
+          sample = corrupt_rows(objective, local, row_keys(jax.random.key(0), 0, 0,
+                                                           len(local["tokens"])))
           pairs = flops.visible_pairs(sample)
           flops_per_step = rows * flops.train_flops_per_row(cfg, seq * objective.stream_factor,
                                                             pairs)
