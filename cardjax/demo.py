@@ -1,10 +1,11 @@
 """`make demo`: the main job in miniature, on CPU, with every artefact under one folder.
 
-So far the job is what the rest of cardjax stands on: build the embedded datasets and their
-tokenizers, stream packed and SFT batches through the grain pipeline, run the tiny model on
-them, save an orbax checkpoint (with the data iterator's state), export it as a Hugging Face
-folder, and load that back into cardjax and (when installed) into transformers, comparing
-logits. Training and decoding stages join as those issues land.
+So far: build the embedded datasets and their tokenizers, stream packed and SFT batches
+through the grain pipeline, run the tiny model on them, train AR and CARD models on
+python_stdlib and an AR SFT then MARS model on arith_sft with the repo's tiny configs, save
+an orbax checkpoint (with the data iterator's state), export it as a Hugging Face folder,
+and load that back into cardjax and (when installed) into transformers, comparing logits.
+The decoding stage joins with the decoding issue.
 """
 
 from __future__ import annotations
@@ -38,6 +39,34 @@ def _nll(model, batch) -> float:
   return float((ce * weights).sum() / max(weights.sum(), 1))
 
 
+DEMO_STEPS = 60
+RUNS = (("ar", "tiny_ar", ()), ("card", "tiny_card", ()), ("sft", "tiny_sft", ()),
+        ("mars", "tiny_mars", ("init_from_sft",)))
+
+
+def _train_models(workdir: Path, base) -> dict:
+  """Short runs of the repo's tiny configs; MARS starts from the SFT run (the recipe)."""
+  from cardjax.config import load_config
+  from cardjax.train import train
+
+  results = {}
+  print(f"   | run | steps | first loss | last loss | validation AR NLL |")
+  for name, config_name, flags in RUNS:
+    extra = [f"--config.train.steps={DEMO_STEPS}", "--config.train.eval_every=0",
+             f"--config.train.checkpoint_every={DEMO_STEPS}", "--config.train.log_every=10"]
+    if "init_from_sft" in flags:
+      extra.append(f"--config.train.init_from={workdir / 'runs' / 'sft' / 'checkpoints'}")
+    config = load_config(f"configs/{config_name}.py", list(base) + extra)
+    out = train(config, workdir / "runs" / name)
+    lines = [json.loads(l) for l in open(workdir / "runs" / name / "metrics.jsonl")]
+    losses = [l["train/loss"] for l in lines if "train/loss" in l]
+    results[name] = {"first_loss": losses[0], "last_loss": losses[-1],
+                     "eval_ar_nll": out["eval"]["ar_nll"]}
+    print(f"   | {name} | {DEMO_STEPS} | {losses[0]:.3f} | {losses[-1]:.3f} | "
+          f"{out['eval']['ar_nll']:.3f} |", flush=True)
+  return results
+
+
 def run_demo(workdir: str | Path, overrides=()) -> dict:
   from cardjax import checkpoint, hf
   from cardjax.config import load_config, model_config
@@ -54,7 +83,7 @@ def run_demo(workdir: str | Path, overrides=()) -> dict:
   pretrain = load_config("configs/tiny.py", base)
   sft = load_config("configs/tiny.py", base + SFT)
 
-  t = _stage("1/5 build the embedded datasets and their tokenizers")
+  t = _stage("1/6 build the embedded datasets and their tokenizers")
   for name, config in (("python_stdlib", pretrain), ("arith_sft", sft)):
     builder, tokenizer = prepare(config)
     splits = {k: v.num_examples for k, v in builder.info.splits.items()}
@@ -62,7 +91,7 @@ def run_demo(workdir: str | Path, overrides=()) -> dict:
     print(f"   {name}: {splits}, tokenizer {tokenizer.vocab_size} ids")
   print(f"   ({time.time() - t:.1f}s)")
 
-  t = _stage("2/5 stream batches through the grain pipeline")
+  t = _stage("2/6 stream batches through the grain pipeline")
   loaders = {"python_stdlib": make_loader(pretrain), "arith_sft": make_loader(sft)}
   batches = {name: next(loader) for name, loader in loaders.items()}
   for name, batch in batches.items():
@@ -76,7 +105,7 @@ def run_demo(workdir: str | Path, overrides=()) -> dict:
       .splitlines()))
   print(f"   ({time.time() - t:.1f}s)")
 
-  t = _stage("3/5 run the tiny model (configs/tiny.py) on real batches")
+  t = _stage("3/6 run the tiny model (configs/tiny.py) on real batches")
   cfg = model_config(pretrain)
   model = create_model(cfg, seed=pretrain.seed)
   report["params"] = param_count(model)
@@ -87,7 +116,11 @@ def run_demo(workdir: str | Path, overrides=()) -> dict:
         f"(SFT responses); uniform would be {np.log(cfg.vocab_size):.3f} "
         f"({time.time() - t:.1f}s)")
 
-  t = _stage("4/5 save and restore an orbax checkpoint (model + data iterator)")
+  t = _stage("4/6 train AR and CARD on python_stdlib, AR SFT then MARS on arith_sft")
+  report["training"] = _train_models(workdir, base)
+  print(f"   ({time.time() - t:.1f}s)")
+
+  t = _stage("5/6 save and restore an orbax checkpoint (model + data iterator)")
   ckpt = checkpoint.save_model(workdir / "checkpoints", model, step=0,
                                data_loader=loaders["python_stdlib"])
   restored, _ = checkpoint.restore_model(ckpt)
@@ -102,7 +135,7 @@ def run_demo(workdir: str | Path, overrides=()) -> dict:
   print(f"   {ckpt}: logits differ by {report['orbax_max_abs_diff']:.2e}; resumed data "
         f"iterator gives the same next batch: {same} ({time.time() - t:.1f}s)")
 
-  t = _stage("5/5 export to Hugging Face, import back, load in transformers")
+  t = _stage("6/6 export to Hugging Face, import back, load in transformers")
   hf_dir = hf.save_pretrained(restored, workdir / "hf", assets_from=tokenizer_dir(pretrain))
   reimported = hf.from_pretrained(hf_dir)
   report["hf_roundtrip_max_abs_diff"] = float(

@@ -12,4 +12,9 @@ def test_demo_runs_and_reports(tmp_path):
   assert report["data_resume_exact"] is True
   assert 5.5 < report["init_nll_python_stdlib"] < 7.0  # near log(512) = 6.24 when untrained
   assert (tmp_path / "demo" / "report.json").is_file()
+  runs = report["training"]
+  assert set(runs) == {"ar", "card", "sft", "mars"}
+  for name, run in runs.items():
+    assert run["last_loss"] < run["first_loss"], name
+  assert runs["mars"]["eval_ar_nll"] < runs["ar"]["eval_ar_nll"]  # arith is easier than code
   assert (tmp_path / "demo" / "hf" / "tokenizer.json").is_file()
