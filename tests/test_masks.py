@@ -283,14 +283,17 @@ def decoder():
 L, B = 8, 4
 
 
-def _dual_inputs():
+def _dual_inputs(noisy_first=False):
+  """The objectives' layouts: MARS [clean | noisy], BD3LM [noisy | clean]."""
   rng = np.random.default_rng(4)
   clean = rng.integers(0, 63, (1, L))
   noisy = clean.copy()
   noisy[:, 2:] = 63  # prompt of 2 tokens, response masked
-  tokens = jnp.asarray(np.concatenate([clean, noisy], axis=1), jnp.int32)
+  halves = [noisy, clean] if noisy_first else [clean, noisy]
+  tokens = jnp.asarray(np.concatenate(halves, axis=1), jnp.int32)
   pos = jnp.asarray(np.tile(np.arange(L), 2)[None], jnp.int32)
-  streams = jnp.asarray(np.repeat([CLEAN, NOISY], L)[None], jnp.int32)
+  order = [NOISY, CLEAN] if noisy_first else [CLEAN, NOISY]
+  streams = jnp.asarray(np.repeat(order, L)[None], jnp.int32)
   return clean, noisy, tokens, pos, streams
 
 
@@ -300,16 +303,18 @@ def test_decoder_dual_stream_equals_single_stream_runs(decoder, kind, clean_kind
   """Since clean never sees noisy, the clean half equals a single-stream run of the clean
   tokens alone; noisy block beta equals a single-stream run of [clean blocks < beta | noisy
   block beta] (causal for MARS, block-causal for bd3lm)."""
-  clean, noisy, tokens, pos, streams = _dual_inputs()
+  noisy_first = kind == "bd3lm"
+  clean, noisy, tokens, pos, streams = _dual_inputs(noisy_first)
+  c0, n0 = (L, 0) if noisy_first else (0, L)  # where the clean / noisy halves start
   out = cardjax_logits(decoder, tokens, positions=pos, streams=streams, mask=MaskSpec(kind, B),
                        jit=True)
   alone = cardjax_logits(decoder, clean, mask=clean_kind, jit=True)
   assert np.std(alone) > 0.05
-  assert max_abs_diff(out[:, :L], alone) < 1e-5
+  assert max_abs_diff(out[:, c0:c0 + L], alone) < 1e-5
   for beta in range(L // B):
     seq = np.concatenate([clean[:, :beta * B], noisy[:, beta * B:(beta + 1) * B]], axis=1)
     single = cardjax_logits(decoder, seq, mask=clean_kind, jit=True)
-    got = out[:, L + beta * B:L + (beta + 1) * B]
+    got = out[:, n0 + beta * B:n0 + (beta + 1) * B]
     assert max_abs_diff(got, single[:, beta * B:]) < 1e-5, beta
   # And the noisy stream is not just the clean one (the test would be vacuous).
-  assert max_abs_diff(out[:, L + B:], out[:, B:L]) > 1e-3
+  assert max_abs_diff(out[:, n0 + B:n0 + L], out[:, c0 + B:c0 + L]) > 1e-3

@@ -4,17 +4,24 @@ The dense reference scores all (2L)^2 (query, key) pairs of a two-stream row, bu
 the matrix (clean -> noisy) is never visible and the noisy -> noisy quarter is a narrow band
 around the diagonal. `structured_attention` computes
 
-  kind         queries  keys                    scores     rule checked per pair
-  dual_stream  clean    clean                   L x L      causal in position
-  (MARS)       noisy    clean  | noisy band     L x L + B  earlier block | same block, k<=q
-  bd3lm        noisy    noisy band | clean      2B-1 + L   same block | earlier block
-  (BD3LM)      clean    clean                   L x L      block-causal
+  kind         queries  keys                        rule checked per pair
+  dual_stream  clean    clean (L)                   causal in position
+  (MARS)       noisy    clean (L) | noisy band      earlier block | same block, k_pos <= q_pos
+  bd3lm        noisy    noisy band | clean (L)      same block | earlier block
+  (BD3LM)      clean    clean (L)                   block-causal
 
 with `spec.allowed` evaluated on the real metadata of every computed pair, the same finite
 fill and one float32 softmax per query over everything it may see (for a noisy query: the
-concatenation [clean scores | band scores]). The result equals `reference_attention` up to
-float rounding when the inputs follow the layout contract below; the skipped pairs are
-exactly those the mask rules can never allow there.
+concatenation [clean scores | band scores]). Clean -> noisy is never computed. The result
+equals `reference_attention` up to float rounding when the inputs follow the layout
+contract below: the skipped pairs are exactly those the mask rules can never allow there.
+
+The noisy band: the visible noisy keys of noisy query i lie in (i - B, i] (dual_stream) or
+[i - B + 1, i + B - 1] (bd3lm). The noisy half is cut into chunks of c = max(B, CHUNK_MIN)
+queries; each chunk is scored against its own key chunk and the one before (dual_stream:
+2c keys) or before and after (bd3lm: 3c keys), which covers the band, as dense [c, 2c|3c]
+matmuls (no gather); slots outside the half are masked off. Scores per row: 2 L^2 + (2|3)
+c L instead of 4 L^2.
 
 Layout contract (what cardjax.objectives.mars / bd3lm produce; they are the only producers):
   * self-attention: q and k have the same length T = 2L (even), q_meta and k_meta describe
@@ -27,9 +34,9 @@ Layout contract (what cardjax.objectives.mars / bd3lm produce; they are the only
     per document, so a segment, and a block = position // B, need NOT start at an index
     that is a multiple of B).
 Under this contract two tokens of one segment in the same block with k_pos <= q_pos lie at
-most B-1 indices apart, so the noisy -> noisy band (B keys ending at the query's own index
-for dual_stream, 2B-1 keys centred on it for bd3lm) holds every visible noisy key. Band slots
-outside the half are masked off.
+most B-1 indices apart, so the band holds every visible noisy key. Every token sees its own
+copy, so no query row is empty and the skipped (masked) pairs weigh exactly 0 in the
+reference's softmax too.
 
 Padding (segment 0) is outside the contract: the data pipeline gives padding tokens position
 0, so for the reference every padding noisy token sees every padding noisy token, which the
@@ -51,6 +58,9 @@ import numpy as np
 from cardjax.attention.masks import CLEAN, NOISY, MaskSpec
 
 TWO_STREAM_KINDS = ("dual_stream", "bd3lm")
+# Smallest query chunk of the noisy band (chunk = max(block_size, CHUNK_MIN)); the band
+# costs (2 or 3) * chunk scores per noisy query. On CPU 1..32 time the same.
+CHUNK_MIN = 16
 _FILL = jnp.finfo(jnp.float32).min  # the reference's finite fill
 
 
@@ -59,12 +69,6 @@ def _halves(spec: MaskSpec, length: int):
   l = length // 2
   first, second = slice(0, l), slice(l, 2 * l)
   return (first, second) if spec.kind == "dual_stream" else (second, first)
-
-
-def _band_offsets(spec: MaskSpec) -> tuple[int, ...]:
-  """Key index minus query index of the noisy -> noisy band."""
-  b = spec.block_size
-  return tuple(range(-(b - 1), 1)) if spec.kind == "dual_stream" else tuple(range(-(b - 1), b))
 
 
 def layout_problems(spec: MaskSpec, q_meta, k_meta) -> list[str]:
@@ -115,18 +119,27 @@ def _allowed(spec, qm, km):
   return spec.allowed(qm[0], km[0], qm[1], km[1], qm[2], km[2])
 
 
-def _shifted(x, offsets):
-  """[b, L, ...] -> [b, L, len(offsets), ...]: slot w of query i holds x[i + offsets[w]]
-  (zeros outside [0, L))."""
-  l = x.shape[1]
-  lo, hi = -min(offsets), max(offsets)
+def _pad_len(x, before: int, after: int):
   pad = [(0, 0)] * x.ndim
-  pad[1] = (lo, hi)
-  xp = jnp.pad(x, pad)
-  return jnp.stack([xp[:, lo + o: lo + o + l] for o in offsets], axis=2)
+  pad[1] = (before, after)
+  return jnp.pad(x, pad)
 
 
-def structured_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, scale: float | None = None):
+def _query_chunks(x, c: int, n: int):
+  """[b, L, ...] -> [b, n, c, ...] (zero padded to n * c)."""
+  return _pad_len(x, 0, n * c - x.shape[1]).reshape((x.shape[0], n, c) + x.shape[2:])
+
+
+def _key_windows(x, c: int, n: int, after: int):
+  """[b, L, ...] -> [b, n, (1 + 1 + after) * c, ...]: for query chunk j the key chunks
+  j-1, j (and j+1 when after=1), zeros outside [0, L)."""
+  xp = _pad_len(x, c, (n + after) * c - x.shape[1])
+  xp = xp.reshape((x.shape[0], n + 1 + after, c) + x.shape[2:])
+  return jnp.concatenate([xp[:, j:j + n] for j in range(2 + after)], axis=2)
+
+
+def structured_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, scale: float | None = None,
+                         chunk: int | None = None):
   """Attention for the two-stream kinds, equal to `reference_attention` under the layout
   contract of this module. Same arguments and shapes as the reference:
   q [b, 2L, heads, d]; k, v [b, 2L, kv_heads, d]; metas (positions, streams, segment_ids).
@@ -165,20 +178,32 @@ def structured_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, scale: float |
   mask_c = _allowed(spec, tuple(x[:, :, None] for x in qm_n), tuple(x[:, None, :] for x in km_c))
   s_c = jnp.where(mask_c[:, None, None], s_c, _FILL)
 
-  offsets = _band_offsets(spec)
-  kb, vb = _shifted(kn, offsets), _shifted(vn, offsets)  # [b, L, W, kvh, d]
-  km_b = tuple(_shifted(x, offsets) for x in km_n)  # [b, L, W]
-  idx = jnp.arange(l)[:, None] + jnp.asarray(offsets)[None, :]
-  in_range = (idx >= 0) & (idx < l)  # [L, W]
-  mask_b = in_range & _allowed(spec, tuple(x[:, :, None] for x in qm_n), km_b)
-  s_b = jnp.einsum("bqkgd,bqwkd->bkgqw", qg_n, kb, preferred_element_type=jnp.float32) * scale
-  s_b = jnp.where(mask_b[:, None, None], s_b, _FILL)
+  # The noisy band, computed per chunk of c >= B queries against the key chunks around it
+  # (dual_stream: the chunk before and its own, holding (i - B, i]; bd3lm: also the chunk
+  # after, holding [i - B + 1, i + B - 1]): dense [c, w] matmuls, no gather.
+  c = max(spec.block_size, CHUNK_MIN) if chunk is None else chunk
+  if c < spec.block_size:
+    raise ValueError(f"chunk={c} must be >= the block size {spec.block_size}")
+  n = -(-l // c)
+  after = 0 if spec.kind == "dual_stream" else 1
+  w = (2 + after) * c
+  kb, vb = _key_windows(kn, c, n, after), _key_windows(vn, c, n, after)  # [b, n, w, kvh, d]
+  km_b = tuple(_key_windows(x, c, n, after)[:, :, None, :] for x in km_n)  # [b, n, 1, w]
+  qm_b = tuple(_query_chunks(x, c, n)[:, :, :, None] for x in qm_n)  # [b, n, c, 1]
+  k_idx = (jnp.arange(n) * c - c)[:, None, None] + jnp.arange(w)  # [n, 1, w]
+  mask_b = (k_idx >= 0) & (k_idx < l) & _allowed(spec, qm_b, km_b)  # [b, n, c, w]
+  s_b = jnp.einsum("bnqkgd,bnskd->bkgnqs", _query_chunks(qg_n, c, n), kb,
+                   preferred_element_type=jnp.float32) * scale
+  s_b = jnp.where(mask_b[:, None, None], s_b, _FILL).reshape(b, kvh, g, n * c, w)[..., :l, :]
 
   p = jax.nn.softmax(jnp.concatenate([s_c, s_b], axis=-1), axis=-1).astype(v.dtype)
-  p_c, p_b = p[..., :l], p[..., l:]
+  p_c = p[..., :l]
+  p_b = _pad_len(jnp.moveaxis(p[..., l:], 3, 1), 0, n * c - l)  # [b, n*c, kvh, g, w]
+  p_b = p_b.reshape(b, n, c, kvh, g, w)
   f32 = jnp.float32  # sum the two parts before rounding to the compute dtype
+  out_b = jnp.einsum("bnqkgs,bnskd->bnqkgd", p_b, vb, preferred_element_type=f32)
   out_n = (jnp.einsum("bkgqs,bskd->bqkgd", p_c, vc, preferred_element_type=f32)
-           + jnp.einsum("bkgqw,bqwkd->bqkgd", p_b, vb, preferred_element_type=f32))
+           + out_b.reshape(b, n * c, kvh, g, d)[:, :l])
   out_n = out_n.astype(out_c.dtype).reshape(b, l, h, d)
 
   parts = (out_c, out_n) if spec.kind == "dual_stream" else (out_n, out_c)
