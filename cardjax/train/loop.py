@@ -10,6 +10,7 @@ infinite loss stops the run with the last good checkpoint left as the latest.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import signal
@@ -34,7 +35,7 @@ from cardjax.parallel import make_mesh, use_rules
 from cardjax.train import flops
 from cardjax.train.checkpointing import TrainCheckpointer
 from cardjax.train.metrics import MetricsWriter
-from cardjax.train.optimizer import make_optimizer
+from cardjax.train.optimizer import learning_rate, make_optimizer
 from cardjax.train.step import corrupt_rows, make_eval_step, make_train_step, row_keys
 
 log = logging.getLogger("cardjax.train")
@@ -93,16 +94,8 @@ def train(config, workdir: str | Path) -> dict:
   workdir.mkdir(parents=True, exist_ok=True)
   mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
   rules = config.mesh.rules or None
-  with jax.set_mesh(mesh), (use_rules(rules) if rules else _null()):
+  with jax.set_mesh(mesh), (use_rules(rules) if rules else contextlib.nullcontext()):
     return _train(config, workdir, mesh)
-
-
-class _null:
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    return False
 
 
 def _train(config, workdir: Path, mesh) -> dict:
@@ -123,6 +116,7 @@ def _train(config, workdir: Path, mesh) -> dict:
   params = params.to_pure_dict()
   del model
   tx = make_optimizer(t, params)
+  schedule = learning_rate(t)
   param_sh = jax.tree.map(lambda x: x.sharding, params)
   opt_state = jax.jit(tx.init)(params)
   opt_sh = jax.tree.map(lambda x: x.sharding, opt_state)
@@ -191,7 +185,7 @@ def _train(config, workdir: Path, mesh) -> dict:
           elapsed = time.perf_counter() - tick
           steps_s = (done - tick_step) / max(elapsed, 1e-9)
           values["tokens_per_s"] = steps_s * model_tokens
-          values["lr"] = float(tx_lr(t, step))  # the rate this step used
+          values["lr"] = float(schedule(step))  # the rate this step used
           if peak:
             values["mfu"] = steps_s * flops_per_step / (peak * jax.device_count())
           tick, tick_step = time.perf_counter(), done
@@ -221,11 +215,6 @@ def _train(config, workdir: Path, mesh) -> dict:
     loader.close()
     ckpt.close()
   return {"train": metrics, "eval": eval_metrics, "step": t.steps}
-
-
-def tx_lr(train_cfg, step: int) -> float:
-  from cardjax.train.optimizer import learning_rate
-  return learning_rate(train_cfg)(step)
 
 
 def _evaluate(config, eval_fn, params, mesh) -> dict:
