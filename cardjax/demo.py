@@ -50,7 +50,7 @@ def _train_models(workdir: Path, base) -> dict:
   from cardjax.train import train
 
   results = {}
-  print(f"   | run | steps | first loss | last loss | validation AR NLL |")
+  print("   | run | steps | first loss | last loss | validation AR NLL |")
   for name, config_name, flags in RUNS:
     extra = [f"--config.train.steps={DEMO_STEPS}", "--config.train.eval_every=0",
              f"--config.train.checkpoint_every={DEMO_STEPS}", "--config.train.log_every=10"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -57,3 +58,15 @@ class Attention(nnx.Module):
     q, k, v = self.project(x, meta)
     ctx = attn_lib.attend(q, k, v, spec, meta, meta, impl=self.impl)
     return self.output(ctx)
+
+  def cached(self, x, meta, spec, k_cache, v_cache, k_meta, index):
+    """Attend over the cache after writing this call's keys/values at `index`.
+
+    k_cache, v_cache: [batch, slots, kv_heads, head_dim]; k_meta: the slots' metadata with
+    this call's tokens already written. Returns (output, k_cache, v_cache)."""
+    q, k, v = self.project(x, meta)
+    k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, index, 0, 0))
+    v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, index, 0, 0))
+    ctx = attn_lib.reference_attention(q, k_cache.astype(q.dtype), v_cache.astype(q.dtype),
+                                       spec, meta, k_meta)
+    return self.output(ctx), k_cache, v_cache

@@ -8,6 +8,8 @@ function, so remat applies identically.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +18,7 @@ from flax import nnx
 from cardjax import attention as attn_lib
 from cardjax.errors import CardjaxError
 from cardjax.model.attention import Attention
+from cardjax.model.cache import KVCache
 from cardjax.model.config import ModelConfig
 from cardjax.model.layers import MLP, RMSNorm, param
 from cardjax.parallel.sharding import constrain
@@ -38,6 +41,12 @@ class Block(nnx.Module):
     x = x + self.attn(self.attn_norm(x), meta, spec)
     x = x + self.mlp(self.mlp_norm(x))
     return constrain(x, ("act_batch", "act_seq", "act_embed"))
+
+  def cached(self, x, meta, spec, k_cache, v_cache, k_meta, index):
+    out, k_cache, v_cache = self.attn.cached(self.attn_norm(x), meta, spec, k_cache, v_cache,
+                                             k_meta, index)
+    x = x + out
+    return x + self.mlp(self.mlp_norm(x)), k_cache, v_cache
 
 
 def _run_block(graphdef, state, x, meta, spec):
@@ -77,29 +86,8 @@ class Decoder(nnx.Module):
     for the dual-stream patterns (default all 0).
     """
     cfg = self.cfg
-    tokens = jnp.asarray(tokens)
-    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
-      raise CardjaxError(f"tokens must be an integer array [batch, seq], got "
-                         f"{tokens.dtype}{list(tokens.shape)}")
-    _check_token_range(tokens, cfg.vocab_size)
-    b, t = tokens.shape
-    if positions is None:
-      positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    if segment_ids is None:
-      segment_ids = jnp.ones((b, t), jnp.int32)
-    if streams is None:
-      streams = jnp.zeros((b, t), jnp.int32)
-    spec = attn_lib.CAUSAL if mask is None else mask
-    meta = (jnp.asarray(positions, jnp.int32), jnp.asarray(streams, jnp.int32),
-            jnp.asarray(segment_ids, jnp.int32))
-
-    dt = jnp.dtype(cfg.dtype)
-    # Gather from a table whose embed dim is whole (all-gathered over fsdp): a gather from
-    # an fsdp-sharded table into fsdp-sharded rows makes XLA replicate everything.
-    table = constrain(self.embed[...], ("vocab", None))
-    x = jnp.take(table, tokens, axis=0).astype(dt)
-    x = constrain(x, ("act_batch", "act_seq", "act_embed"))
-
+    tokens, meta, spec = self._inputs(tokens, positions, segment_ids, mask, streams)
+    x = self._embed(tokens)
     run = _run_block
     if cfg.remat != "none":
       run = jax.checkpoint(_run_block, policy=_REMAT[cfg.remat], static_argnums=(0, 4))
@@ -111,9 +99,64 @@ class Decoder(nnx.Module):
         graphdef, state = nnx.split(block)
         x = run(graphdef, state, x, meta, spec)
 
+    return self._logits(x)
+
+  def forward_cached(self, tokens, cache: KVCache, positions=None, segment_ids=None,
+                     mask=None, streams=None):
+    """(logits, cache): run `tokens` against the cached keys and write theirs at
+    cache.index (prefill with a whole prompt, then a token or a block per call)."""
+    tokens, meta, spec = self._inputs(tokens, positions, segment_ids, mask, streams)
+    cache = cache.write_meta(meta)
+    k_meta, index = cache.key_meta(), cache.index
+    x = self._embed(tokens)
+    if self.cfg.scan_layers:
+      graphdef, state = nnx.split(self.layers)
+
+      def body(h, layer):
+        s, kc, vc = layer
+        h, kc, vc = nnx.merge(graphdef, s).cached(h, meta, spec, kc, vc, k_meta, index)
+        return h, (kc, vc)
+
+      x, (k, v) = jax.lax.scan(body, x, (state, cache.k, cache.v))
+    else:
+      ks, vs = [], []
+      for i, block in enumerate(self.layers):
+        x, kc, vc = block.cached(x, meta, spec, cache.k[i], cache.v[i], k_meta, index)
+        ks.append(kc)
+        vs.append(vc)
+      k, v = jnp.stack(ks), jnp.stack(vs)
+    cache = dataclasses.replace(cache, k=k, v=v, index=index + tokens.shape[1])
+    return self._logits(x), cache
+
+  def _inputs(self, tokens, positions, segment_ids, mask, streams):
+    tokens = jnp.asarray(tokens)
+    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+      raise CardjaxError(f"tokens must be an integer array [batch, seq], got "
+                         f"{tokens.dtype}{list(tokens.shape)}")
+    _check_token_range(tokens, self.cfg.vocab_size)
+    b, t = tokens.shape
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    if segment_ids is None:
+      segment_ids = jnp.ones((b, t), jnp.int32)
+    if streams is None:
+      streams = jnp.zeros((b, t), jnp.int32)
+    spec = attn_lib.CAUSAL if mask is None else mask
+    meta = (jnp.asarray(positions, jnp.int32), jnp.asarray(streams, jnp.int32),
+            jnp.asarray(segment_ids, jnp.int32))
+    return tokens, meta, spec
+
+  def _embed(self, tokens):
+    # Gather from a table whose embed dim is whole (all-gathered over fsdp): a gather from
+    # an fsdp-sharded table into fsdp-sharded rows makes XLA replicate everything.
+    table = constrain(self.embed[...], ("vocab", None))
+    x = jnp.take(table, tokens, axis=0).astype(jnp.dtype(self.cfg.dtype))
+    return constrain(x, ("act_batch", "act_seq", "act_embed"))
+
+  def _logits(self, x):
     x = self.final_norm(x)
-    head = self.embed if cfg.tie_word_embeddings else self.lm_head
-    logits = jnp.einsum("btd,vd->btv", x, head[...].astype(dt))
+    head = self.embed if self.cfg.tie_word_embeddings else self.lm_head
+    logits = jnp.einsum("btd,vd->btv", x, head[...].astype(jnp.dtype(self.cfg.dtype)))
     return constrain(logits, ("act_batch", "act_seq", "act_vocab"))
 
 
