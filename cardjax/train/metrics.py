@@ -4,6 +4,7 @@ event files; only process 0 writes."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -22,6 +23,8 @@ class MetricsWriter:
         from tensorboardX import SummaryWriter
         self.tb = SummaryWriter(str(workdir / "tensorboard"))
       except ImportError:  # TensorBoard files are optional; the JSONL file is not
+        logging.getLogger("cardjax.train").warning(
+            "tensorboardX is not installed: no TensorBoard files, metrics.jsonl only")
         self.tb = None
 
   def write(self, step: int, values: dict, prefix: str = "train") -> None:
