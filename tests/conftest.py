@@ -136,3 +136,26 @@ def num_devices():
   n = jax.device_count()
   assert n == 8, f"conftest asks for 8 host CPU devices, jax sees {n} (jax imported too early?)"
   return n
+
+
+def packed_batch(rows, length: int, seed: int = 0, vocab_high: int = 63):
+  """A data-pipeline batch built by hand: rows is, per row, a list of documents
+  (n_prompt, n_response); the rest of the row is padding (segment 0, position 0, no loss).
+  Pretraining documents are (0, n). Token ids are drawn from [1, vocab_high)."""
+  import jax.numpy as jnp
+
+  rng = np.random.default_rng(seed)
+  b = len(rows)
+  out = {k: np.zeros((b, length), np.int32)
+         for k in ("tokens", "positions", "segment_ids", "loss_mask")}
+  out["tokens"][:] = rng.integers(1, vocab_high, (b, length))
+  for r, docs in enumerate(rows):
+    i = 0
+    for s, (n_prompt, n_response) in enumerate(docs):
+      n = n_prompt + n_response
+      out["positions"][r, i:i + n] = np.arange(n)
+      out["segment_ids"][r, i:i + n] = s + 1
+      out["loss_mask"][r, i + n_prompt:i + n] = 1
+      i += n
+    assert i <= length
+  return {k: jnp.asarray(v) for k, v in out.items()}

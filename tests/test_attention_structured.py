@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 
 import cardjax.attention as attn
+from conftest import packed_batch
 from cardjax.attention import MaskSpec, reference_attention, structured_attention
 from cardjax.attention.structured import check_layout, layout_problems
 from cardjax.config import base_config
@@ -174,20 +175,7 @@ def split_model():
 def sft_batch(l: int = 24):
   """Row 0: prompt 3 + response 13, then padding; row 1: three packed documents of odd
   lengths (prompt + response) and padding; row 2 one document filling the row."""
-  rng = np.random.default_rng(0)
-  rows = [[(3, 13)], [(2, 5), (4, 5), (1, 4)], [(5, l - 5)]]
-  out = {key: np.zeros((3, l), np.int32)
-         for key in ("tokens", "positions", "segment_ids", "loss_mask")}
-  out["tokens"][:] = rng.integers(1, 63, (3, l))
-  for r, docs in enumerate(rows):
-    i = 0
-    for s, (n_prompt, n_response) in enumerate(docs):
-      n = n_prompt + n_response
-      out["positions"][r, i:i + n] = np.arange(n)
-      out["segment_ids"][r, i:i + n] = s + 1
-      out["loss_mask"][r, i + n_prompt:i + n] = 1
-      i += n
-  return {key: jnp.asarray(x) for key, x in out.items()}
+  return packed_batch([[(3, 13)], [(2, 5), (4, 5), (1, 4)], [(5, l - 5)]], l, seed=0)
 
 
 @pytest.mark.parametrize("name,block", [("mars", 3), ("bd3lm", 4)])

@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 import objectives_reference as ref
+from conftest import packed_batch
 from cardjax.attention import MaskSpec, dense_mask
 from cardjax.config import base_config
 from cardjax.errors import ConfigError
@@ -40,23 +41,8 @@ def _objective(name, fields):
 
 
 def make_batch(rows, length, seed=0):
-  """rows: per row a list of documents (n_prompt, n_response); the rest of the row is
-  padding (segment 0, position 0, no loss). Pretraining documents are (0, n)."""
-  rng = np.random.default_rng(seed)
-  b = len(rows)
-  out = {k: np.zeros((b, length), np.int32)
-         for k in ("tokens", "positions", "segment_ids", "loss_mask")}
-  out["tokens"][:] = rng.integers(1, MASK, (b, length))  # never the [MASK] id
-  for r, docs in enumerate(rows):
-    i = 0
-    for s, (n_prompt, n_response) in enumerate(docs):
-      n = n_prompt + n_response
-      out["positions"][r, i:i + n] = np.arange(n)
-      out["segment_ids"][r, i:i + n] = s + 1
-      out["loss_mask"][r, i + n_prompt:i + n] = 1
-      i += n
-    assert i <= length
-  return {k: jnp.asarray(v) for k, v in out.items()}
+  """See conftest.packed_batch; token ids never equal the [MASK] id."""
+  return packed_batch(rows, length, seed, vocab_high=MASK)
 
 
 def np_batch(batch):
