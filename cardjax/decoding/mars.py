@@ -1,0 +1,133 @@
+"""MARS threshold decoding: several tokens per forward from one causal model.
+
+Each forward reads [pending | B x MASK] against the KV cache: `pending` are the committed
+tokens whose keys are not cached yet (at first the prompt's last token, later the tokens
+accepted by the previous forward). Slot 0's distribution is the output at the last
+pending token (an exact AR step), slot j's the output at mask j-1. Tokens are accepted
+left to right while their top probability >= tau (tau < 1), always at least one; at
+tau = 1 exactly one, so the output is AR greedy token for token. tau is a runtime value.
+
+Cache use: the window is written at `index`; the pending part is real and stays (padding
+slots of rows with fewer pending tokens are invalidated), the mask part is scratch and is
+overwritten by the next window, so the cache grows by B slots per forward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from cardjax.decoding.ar import Generation
+from cardjax.decoding.prompts import left_pad
+from cardjax.errors import CardjaxError
+from cardjax.model.cache import EMPTY_SEGMENT, KVCache
+
+
+def accept_count(probs, tau):
+  """Tokens accepted per row: the leading run of slots with top prob >= tau, >= 1; none
+  beyond slot 0 when tau >= 1 (so tau = 1 is exactly greedy AR)."""
+  ok = (probs >= tau) & (tau < 1.0)
+  return jnp.maximum(1, jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "block", "max_new_tokens"))
+def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, pad_id,
+              mask_id, tau, block: int, max_new_tokens: int):
+  model = nnx.merge(graphdef, state)
+  b, width = tokens.shape
+  steps_max = max_new_tokens  # at least one token per forward
+  cache = KVCache.create(model.cfg, b, width + block * (steps_max + 2))
+  _, cache = model.forward_cached(tokens[:, :-1], cache, positions=positions[:, :-1],
+                                  segment_ids=segments[:, :-1])
+  pending = jnp.full((b, block), pad_id, jnp.int32).at[:, 0].set(tokens[:, -1])
+  n_pending = jnp.ones((b,), jnp.int32)
+  committed = lengths  # tokens of each row so far (prompt + generated)
+  out = jnp.full((b, max_new_tokens + block), pad_id, jnp.int32)
+  count = jnp.zeros((b,), jnp.int32)
+  done = jnp.zeros((b,), bool)
+  slot = jnp.arange(block)
+
+  def cond(carry):
+    return ~jnp.all(carry[5]) & (carry[7] < steps_max)
+
+  def body(carry):
+    cache, pending, n_pending, committed, out, done, count, forwards = carry
+    valid = slot[None] < n_pending[:, None]
+    pend_pos = committed[:, None] - n_pending[:, None] + slot[None]
+    mask_pos = committed[:, None] + slot[None]
+    window = jnp.concatenate([pending, jnp.full((b, block), mask_id, jnp.int32)], axis=1)
+    pos = jnp.concatenate([jnp.where(valid, pend_pos, 0), mask_pos], axis=1)
+    seg = jnp.concatenate([valid.astype(jnp.int32), jnp.ones((b, block), jnp.int32)], axis=1)
+    start = cache.index
+    logits, cache = model.forward_cached(window, cache, positions=pos, segment_ids=seg)
+    # Keep the real pending keys; padding and mask slots are never visible again.
+    keep = jnp.concatenate([valid, jnp.zeros((b, block), bool)], axis=1)
+    written = jax.lax.dynamic_slice(cache.segments, (0, start), (b, 2 * block))
+    cache = dataclasses.replace(
+        cache, segments=jax.lax.dynamic_update_slice(
+            cache.segments, jnp.where(keep, written, EMPTY_SEGMENT), (0, start)),
+        index=start + block)
+    last = jnp.take_along_axis(logits[:, :block], (n_pending - 1)[:, None, None], axis=1)
+    slot_logits = jnp.concatenate([last, logits[:, block:2 * block - 1]], axis=1)
+    probs = jax.nn.softmax(slot_logits.astype(jnp.float32), axis=-1)
+    guess = jnp.argmax(probs, axis=-1).astype(jnp.int32)
+    k = accept_count(jnp.max(probs, axis=-1), tau)
+    # Stop at the first stop token and at the token budget.
+    is_stop = jnp.isin(guess, stop_ids) & (slot[None] < k[:, None])
+    first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1) + 1, block)
+    k = jnp.minimum(jnp.minimum(k, first_stop), max_new_tokens - count)
+    k = jnp.where(done, 0, k)
+    take = slot[None] < k[:, None]
+    idx = jnp.where(take, count[:, None] + slot[None], max_new_tokens + block - 1)
+    out = out.at[jnp.arange(b)[:, None], idx].set(jnp.where(take, guess, pad_id))
+    done = done | jnp.any(is_stop & take, axis=1) | (count + k >= max_new_tokens)
+    return (cache, jnp.where(take, guess, pad_id), jnp.maximum(k, 1), committed + k, out, done,
+            count + k, forwards + 1)
+
+  carry = (cache, pending, n_pending, committed, out, done, count, jnp.int32(0))
+  carry = jax.lax.while_loop(cond, body, carry)
+  return carry[4][:, :max_new_tokens], carry[6], carry[7]
+
+
+def generate(model, prompts, max_new_tokens: int, block: int, tau: float, mask_id: int,
+             stop_ids=(), pad_id: int = 0) -> Generation:
+  """MARS decoding of a batch of token-id prompts; `forwards` counts window forwards."""
+  if not 0.0 <= tau <= 1.0:
+    raise CardjaxError(f"tau={tau} must lie in [0, 1] (1 = plain greedy AR)")
+  if block < 1:
+    raise CardjaxError(f"block={block} must be >= 1")
+  if mask_id < 0:
+    raise CardjaxError("MARS decoding needs the model's [MASK] id (model.mask_token_id)")
+  tokens, positions, segments, lengths = left_pad(
+      prompts, pad_id, model.cfg.max_position_embeddings - max_new_tokens - block)
+  graphdef, state = nnx.split(model)
+  stop = jnp.asarray(list(stop_ids) or [-1], jnp.int32)
+  out, count, forwards = _generate(
+      graphdef, state, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segments),
+      jnp.asarray(lengths), stop, jnp.int32(pad_id), jnp.int32(mask_id), jnp.float32(tau),
+      block=block, max_new_tokens=max_new_tokens)
+  return Generation(np.asarray(out), np.asarray(count), int(forwards))
+
+
+def mars_by_recompute(model, prompt, max_new_tokens: int, block: int, tau: float,
+                      mask_id: int, stop_ids=()) -> tuple[list[int], int]:
+  """The reference: one full causal forward over [committed | B masks] per step, no cache.
+  Returns (tokens, forwards)."""
+  seq, out, forwards = list(prompt), [], 0
+  while len(out) < max_new_tokens:
+    window = jnp.asarray([seq + [mask_id] * block], jnp.int32)
+    logits = model(window)[0, len(seq) - 1:len(seq) - 1 + block]
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    forwards += 1
+    k = int(accept_count(jnp.max(probs, axis=-1)[None], tau)[0])
+    for token in np.asarray(jnp.argmax(probs, axis=-1))[:k].tolist():
+      out.append(token)
+      seq.append(token)
+      if token in stop_ids or len(out) == max_new_tokens:
+        return out, forwards
+  return out, forwards
