@@ -1,6 +1,5 @@
 """MARS threshold decoding: tau = 1 is AR greedy; the cached window equals recompute."""
 
-import numpy as np
 import pytest
 
 from cardjax.decoding import generate
