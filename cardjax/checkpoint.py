@@ -83,6 +83,19 @@ def restore_data_state(directory: str | Path, data_loader, step: int | None = No
     mngr.restore(step, args=ocp.args.Composite(data=data_loader.checkpoint_restore()))
 
 
+def read_run_config(directory: str | Path, step: int | None = None):
+  """The run config a training checkpoint was saved with, or None (imports have none)."""
+  import ml_collections
+
+  directory = _existing(directory)
+  step = latest_step(directory) if step is None else step
+  if not (directory / str(step) / "config").exists():
+    return None
+  with manager(directory, create=False) as mngr:
+    values = mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))
+  return ml_collections.ConfigDict(values["config"])
+
+
 def read_model_config(directory: str | Path, step: int | None = None) -> ModelConfig:
   directory = _existing(directory)
   step = latest_step(directory) if step is None else step

@@ -3,6 +3,7 @@
   cardjax config     --config configs/tiny.py [--config.k=v ...]   print the resolved config
   cardjax init       --config configs/tiny.py --workdir DIR          random-init checkpoint
   cardjax train      --config configs/tiny_ar.py --workdir DIR       train or resume
+  cardjax generate   --checkpoint RUN --prompt TEXT [--method mars --tau 0.9]
   cardjax import-hf  HF_DIR CKPT_DIR [--dtype D] [--scan-layers]     HF folder -> orbax
   cardjax export-hf  CKPT_DIR HF_DIR [--step N] [--dtype D]          orbax -> HF folder
   cardjax data build NAME [--data_dir D] [--OPTION VALUE ...]       dataset + tokenizer
@@ -148,6 +149,14 @@ def cmd_train(args, overrides) -> int:
   return 0
 
 
+def cmd_generate(args, overrides) -> None:
+  from cardjax.decoding.cli import run_generate
+
+  if overrides:
+    raise CardjaxError(f"generate takes no --config overrides, got {overrides}")
+  run_generate(args)
+
+
 def cmd_demo(args, overrides) -> None:
   from cardjax.demo import run_demo
   run_demo(args.workdir, overrides)
@@ -190,6 +199,23 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--workdir", required=True, help="run folder: checkpoints, metrics.jsonl, "
                                                   "tensorboard/; an existing run resumes")
   p.set_defaults(fn=cmd_train)
+
+  p = sub.add_parser("generate", help="decode prompts from a checkpoint")
+  p.add_argument("--checkpoint", required=True, help="a run folder or its checkpoints/")
+  group = p.add_mutually_exclusive_group(required=True)
+  group.add_argument("--prompt", help="one prompt")
+  group.add_argument("--prompts", help="a file with one prompt per line")
+  p.add_argument("--method", default="ar", help="ar | mars")
+  p.add_argument("--tau", type=float, default=0.95, help="mars: acceptance threshold")
+  p.add_argument("--block", type=int, default=4, help="mars: tokens drafted per forward")
+  p.add_argument("--batch", type=int, default=1, help="prompts decoded together")
+  p.add_argument("--max-new-tokens", type=int, default=64)
+  p.add_argument("--temperature", type=float, default=0.0, help="ar: 0 = greedy")
+  p.add_argument("--top-p", type=float, default=1.0, help="ar: nucleus size")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
+  p.add_argument("--tokenizer", default="", help="HF tokenizer folder (default: the run's)")
+  p.set_defaults(fn=cmd_generate)
 
   p = sub.add_parser("import-hf", help="Hugging Face folder -> orbax checkpoint")
   p.add_argument("hf_dir", help="local HF model folder (config.json + safetensors)")

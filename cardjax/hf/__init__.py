@@ -162,7 +162,8 @@ def save_pretrained(model: Decoder, path: str | Path, dtype: str | None = None,
   source = Path(assets_from) if assets_from is not None else _SOURCES.get(model)
   if source is not None:
     for f in asset_files(source):
-      shutil.copyfile(f, path / f.name)
+      if f.resolve() != (path / f.name).resolve():  # exporting into the source folder
+        shutil.copyfile(f, path / f.name)
   (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
   return path
 

@@ -1,0 +1,30 @@
+"""`cardjax generate` from an imported checkpoint with its tokenizer."""
+
+from cardjax import hf
+from cardjax.cli import main
+from cardjax.data.tokenizer import train_bpe
+from cardjax.model import ModelConfig, create_model
+
+
+def test_generate_ar_and_mars(tmp_path, capsys):
+  tok = train_bpe(["alpha beta gamma delta"] * 20, 300, tmp_path / "hf")
+  model = create_model(ModelConfig(vocab_size=320, hidden_size=32, intermediate_size=64,
+                                   num_layers=1, mask_token_id=tok.mask_id, eos_token_id=0),
+                       seed=0)
+  hf.save_pretrained(model, tmp_path / "hf", assets_from=tmp_path / "hf")
+  assert main(["import-hf", str(tmp_path / "hf"), str(tmp_path / "ck"),
+               "--mask-token-id", str(tok.mask_id)]) == 0
+  capsys.readouterr()
+  args = ["generate", "--checkpoint", str(tmp_path / "ck"), "--prompt", "alpha beta",
+          "--max-new-tokens", "6"]
+  assert main(args) == 0
+  ar_out = capsys.readouterr().out
+  assert "method ar" in ar_out and "tokens per forward" in ar_out
+  assert main(args + ["--method", "mars", "--tau", "1.0"]) == 0
+  mars_out = capsys.readouterr().out
+  # tau = 1 is AR greedy: the same text.
+  assert ar_out.split("\n")[1] == mars_out.split("\n")[1]
+  assert main(args + ["--method", "dus"]) == 2
+  assert "not built yet" in capsys.readouterr().err
+  assert main(args + ["--method", "mars", "--tau", "2"]) == 2
+  assert "tau=2.0 must lie in [0, 1]" in capsys.readouterr().err
