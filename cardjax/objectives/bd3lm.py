@@ -23,10 +23,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from cardjax.attention import MaskSpec
-from cardjax.errors import ConfigError
 from cardjax.objectives.base import ModelInputs, Objective, token_ce
 from cardjax.objectives.mdlm import (bernoulli_at_least_one, check_t_eps, diffusion_targets,
-                                     maskable, require_mask_id, row_keys,
+                                     maskable, require_block_size, require_mask_id, row_keys,
                                      row_normalized_mean, row_uniform)
 
 
@@ -46,10 +45,7 @@ class BD3LM(Objective):
 
   def __init__(self, cfg, model_cfg):
     super().__init__(cfg, model_cfg)
-    self.block_size = int(cfg.block_size)
-    if self.block_size <= 0:
-      raise ConfigError(f"objective.block_size={cfg.block_size!r}: bd3lm needs a block "
-                        f"length > 0")
+    self.block_size = require_block_size(cfg, self.name)
     self.mask_id = require_mask_id(model_cfg, self.name)
     self.t_eps = check_t_eps(cfg, self.name)
     self.shift = bool(cfg.shift)

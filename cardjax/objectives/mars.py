@@ -21,7 +21,7 @@ from cardjax.attention import MaskSpec
 from cardjax.errors import ConfigError
 from cardjax.objectives.base import (ModelInputs, Objective, next_token_targets, per_row_mean,
                                      token_ce)
-from cardjax.objectives.mdlm import require_mask_id
+from cardjax.objectives.mdlm import require_block_size, require_mask_id
 
 
 class MARS(Objective):
@@ -30,10 +30,7 @@ class MARS(Objective):
 
   def __init__(self, cfg, model_cfg):
     super().__init__(cfg, model_cfg)
-    self.block_size = int(cfg.block_size)
-    if self.block_size <= 0:
-      raise ConfigError(f"objective.block_size={cfg.block_size!r}: mars needs a block length "
-                        f"> 0 (the paper uses 4, 8 or 16)")
+    self.block_size = require_block_size(cfg, self.name)
     self.alpha = float(cfg.alpha)
     if self.alpha < 0:
       raise ConfigError(f"objective.alpha={cfg.alpha!r}: the clean-stream weight must be >= 0")

@@ -31,6 +31,15 @@ from cardjax.objectives.base import ModelInputs, Objective, token_ce
 
 # --- helpers shared by card / mars / mdlm / bd3lm ---------------------------------------------
 
+def require_block_size(cfg, objective: str) -> int:
+  """objective.block_size as an int; a ConfigError unless it is > 0."""
+  block = int(cfg.block_size)
+  if block <= 0:
+    raise ConfigError(f"objective.block_size={cfg.block_size!r}: {objective} needs a block "
+                      "length > 0 (the MARS paper uses 4, 8 or 16)")
+  return block
+
+
 def require_mask_id(model_cfg, objective: str) -> int:
   """model.mask_token_id as an int; a ConfigError when unset (-1) or outside the vocab."""
   mask_id = int(getattr(model_cfg, "mask_token_id", -1))

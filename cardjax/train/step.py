@@ -27,9 +27,10 @@ def corrupt_rows(objective: Objective, batch: dict, keys: jax.Array) -> ModelInp
   return jax.vmap(one)(batch, keys)
 
 
-def row_keys(seed_key: jax.Array, step, first_row, rows: int) -> jax.Array:
+def step_row_keys(seed_key: jax.Array, step, rows: int) -> jax.Array:
+  """One key per row of a step's global batch: fold_in(fold_in(seed, step), row)."""
   step_key = jax.random.fold_in(seed_key, step)
-  return jax.vmap(lambda r: jax.random.fold_in(step_key, r))(first_row + jnp.arange(rows))
+  return jax.vmap(lambda r: jax.random.fold_in(step_key, r))(jnp.arange(rows))
 
 
 def forward(graphdef, params, inputs: ModelInputs):
@@ -56,7 +57,7 @@ def make_train_step(graphdef, objective: Objective, tx: optax.GradientTransforma
       raise ValueError(f"batch of {rows} rows does not split into {accum} micro-batches")
     size = rows // accum
     micro = jax.tree.map(lambda x: x.reshape((accum, size) + x.shape[1:]), batch)
-    keys = row_keys(seed_key, step, 0, rows).reshape(accum, size)
+    keys = step_row_keys(seed_key, step, rows).reshape(accum, size)
 
     def body(carry, xs):
       grads, total, norm, metrics = carry
@@ -87,7 +88,7 @@ def make_eval_step(graphdef, objective: Objective, seed: int):
   eval_key = jax.random.fold_in(jax.random.key(seed), 2**31 - 1)  # never a train step
 
   def eval_fn(params, batch, index):
-    keys = row_keys(eval_key, index, 0, batch["tokens"].shape[0])
+    keys = step_row_keys(eval_key, index, batch["tokens"].shape[0])
     inputs = corrupt_rows(objective, batch, keys)
     loss, metrics = objective.loss(forward(graphdef, params, inputs), inputs)
     model = nnx.merge(graphdef, params)
