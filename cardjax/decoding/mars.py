@@ -4,8 +4,9 @@ Each forward reads [pending | B x MASK] against the KV cache: `pending` are the 
 tokens whose keys are not cached yet (at first the prompt's last token, later the tokens
 accepted by the previous forward). Slot 0's distribution is the output at the last
 pending token (an exact AR step), slot j's the output at mask j-1. Tokens are accepted
-left to right while their top probability >= tau (tau < 1), always at least one; at
-tau = 1 exactly one, so the output is AR greedy token for token. tau is a runtime value.
+left to right while their confidence >= tau (tau < 1), always at least one; at tau = 1
+exactly one, so the output is AR greedy token for token. tau is a runtime value; the
+confidence rule (RULES: top prob, normalised entropy, top-2 margin) is static.
 
 Cache use: the window is written at `index`; the pending part is real and stays (padding
 slots of rows with fewer pending tokens are invalidated), the mask part is scratch and is
@@ -28,16 +29,62 @@ from cardjax.errors import CardjaxError
 from cardjax.model.cache import EMPTY_SEGMENT, KVCache
 
 
-def accept_count(probs, tau):
-  """Tokens accepted per row: the leading run of slots with top prob >= tau, >= 1; none
-  beyond slot 0 when tau >= 1 (so tau = 1 is exactly greedy AR)."""
-  ok = (probs >= tau) & (tau < 1.0)
+RULES = ("prob", "entropy", "margin")
+
+
+def confidence(probs, rule: str = "prob"):
+  """[..., vocab] probabilities -> [...] confidence in [0, 1] under `rule`: "prob" the top
+  probability, "entropy" 1 - H(p) / log(vocab), "margin" top-1 minus top-2 probability."""
+  if rule == "prob":
+    return jnp.max(probs, axis=-1)
+  if rule == "entropy":
+    entropy = -jnp.sum(jax.scipy.special.xlogy(probs, probs), axis=-1)
+    return 1.0 - entropy / jnp.log(probs.shape[-1])
+  if rule == "margin":
+    top2 = jax.lax.top_k(probs, 2)[0]
+    return top2[..., 0] - top2[..., 1]
+  raise CardjaxError(f"rule={rule!r} is not an acceptance rule; use one of {RULES}")
+
+
+def accept_count(probs, tau, rule: str = "prob"):
+  """Tokens accepted per row from probs [batch, slots, vocab]: the leading run of slots
+  whose confidence >= tau, at least 1; exactly 1 when tau >= 1 for every rule, even where a
+  confidence reaches 1 (a one-hot row), so tau = 1 is greedy AR."""
+  ok = (confidence(probs, rule) >= tau) & (tau < 1.0)
   return jnp.maximum(1, jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "block", "max_new_tokens"))
+def check_args(tau: float, block: int, mask_id: int, rule: str) -> None:
+  """The user-facing argument checks shared by the MARS decoders."""
+  if not 0.0 <= tau <= 1.0:
+    raise CardjaxError(f"tau={tau} must lie in [0, 1] (1 = plain greedy AR)")
+  if block < 1:
+    raise CardjaxError(f"block={block} must be >= 1")
+  if mask_id < 0:
+    raise CardjaxError("MARS decoding needs the model's [MASK] id (model.mask_token_id)")
+  if rule not in RULES:
+    raise CardjaxError(f"rule={rule!r} is not an acceptance rule; use one of {RULES}")
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _full_forward(graphdef, state, tokens):
+  return nnx.merge(graphdef, state)(tokens)
+
+
+def causal_logits(model, seq, width: int):
+  """Logits [len(seq), vocab] of one full causal forward over `seq` (no cache), for the
+  references. The input is right-padded to `width` so one compile serves a whole loop:
+  under the causal mask the filler is invisible to every real position. Widths are rounded
+  up to a multiple of 32 so prompts of similar lengths share it too."""
+  tokens = np.zeros((1, -(-max(width, len(seq)) // 32) * 32), np.int32)
+  tokens[0, :len(seq)] = seq
+  graphdef, state = nnx.split(model)
+  return _full_forward(graphdef, state, jnp.asarray(tokens))[0, :len(seq)]
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "block", "max_new_tokens", "rule"))
 def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, pad_id,
-              mask_id, tau, block: int, max_new_tokens: int):
+              mask_id, tau, block: int, max_new_tokens: int, rule: str):
   model = nnx.merge(graphdef, state)
   b, width = tokens.shape
   steps_max = max_new_tokens  # at least one token per forward
@@ -76,7 +123,7 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
     slot_logits = jnp.concatenate([last, logits[:, block:2 * block - 1]], axis=1)
     probs = jax.nn.softmax(slot_logits.astype(jnp.float32), axis=-1)
     guess = jnp.argmax(probs, axis=-1).astype(jnp.int32)
-    k = accept_count(jnp.max(probs, axis=-1), tau)
+    k = accept_count(probs, tau, rule)
     # Stop at the first stop token and at the token budget.
     is_stop = jnp.isin(guess, stop_ids) & (slot[None] < k[:, None])
     first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1) + 1, block)
@@ -95,14 +142,10 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
 
 
 def generate(model, prompts, max_new_tokens: int, block: int, tau: float, mask_id: int,
-             stop_ids=(), pad_id: int = 0) -> Generation:
-  """MARS decoding of a batch of token-id prompts; `forwards` counts window forwards."""
-  if not 0.0 <= tau <= 1.0:
-    raise CardjaxError(f"tau={tau} must lie in [0, 1] (1 = plain greedy AR)")
-  if block < 1:
-    raise CardjaxError(f"block={block} must be >= 1")
-  if mask_id < 0:
-    raise CardjaxError("MARS decoding needs the model's [MASK] id (model.mask_token_id)")
+             stop_ids=(), pad_id: int = 0, rule: str = "prob") -> Generation:
+  """MARS decoding of a batch of token-id prompts; `forwards` counts window forwards.
+  `rule` picks the confidence compared with tau (see `confidence`)."""
+  check_args(tau, block, mask_id, rule)
   tokens, positions, segments, lengths = left_pad(
       prompts, pad_id, model.cfg.max_position_embeddings - max_new_tokens - block)
   graphdef, state = nnx.split(model)
@@ -110,21 +153,21 @@ def generate(model, prompts, max_new_tokens: int, block: int, tau: float, mask_i
   out, count, forwards = _generate(
       graphdef, state, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segments),
       jnp.asarray(lengths), stop, jnp.int32(pad_id), jnp.int32(mask_id), jnp.float32(tau),
-      block=block, max_new_tokens=max_new_tokens)
+      block=block, max_new_tokens=max_new_tokens, rule=rule)
   return Generation(np.asarray(out), np.asarray(count), int(forwards))
 
 
 def mars_by_recompute(model, prompt, max_new_tokens: int, block: int, tau: float,
-                      mask_id: int, stop_ids=()) -> tuple[list[int], int]:
+                      mask_id: int, stop_ids=(), rule: str = "prob") -> tuple[list[int], int]:
   """The reference: one full causal forward over [committed | B masks] per step, no cache.
   Returns (tokens, forwards)."""
   seq, out, forwards = list(prompt), [], 0
+  width = len(prompt) + max_new_tokens + block
   while len(out) < max_new_tokens:
-    window = jnp.asarray([seq + [mask_id] * block], jnp.int32)
-    logits = model(window)[0, len(seq) - 1:len(seq) - 1 + block]
+    logits = causal_logits(model, seq + [mask_id] * block, width)[len(seq) - 1:-1]
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
     forwards += 1
-    k = int(accept_count(jnp.max(probs, axis=-1)[None], tau)[0])
+    k = int(accept_count(probs[None], tau, rule)[0])
     for token in np.asarray(jnp.argmax(probs, axis=-1))[:k].tolist():
       out.append(token)
       seq.append(token)

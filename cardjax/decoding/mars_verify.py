@@ -1,0 +1,127 @@
+"""Self-verified MARS decoding: several tokens per forward, lossless against AR greedy.
+
+Each forward reads [p | d_1..d_m | M_1..M_B] against the KV cache: p is the last verified
+token (its key not cached yet), d_i the drafts from the previous forward as ordinary
+tokens (m is 0 or B), then B masks. Under the causal mask the outputs at p, d_1..d_m are
+exact AR greedy predictions g_0..g_m (g_i predicts the slot after window slot i). Drafts
+are kept while d_{i+1} == g_i; the a kept drafts plus g_a (the AR token at the first
+mismatch, or the bonus token when all match) are committed, so at least one token per
+forward and the output is AR greedy token for token. When every draft was kept, g_a sits
+in M_1's slot and the outputs at M_1..M_B predict the B tokens after it: those are the
+next drafts. Otherwise the masks were conditioned on a wrong draft, so the next forward
+has none.
+
+Cache use: the window is written at `index`; p and the kept drafts stay, padding, rejected
+drafts and masks are made invisible, and `index` advances by 1 + B per forward (all rows
+share it). `forwards` counts the window forwards (the prefill of all but the last prompt
+token yields nothing), so forwards <= tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from cardjax.decoding.ar import Generation
+from cardjax.decoding.prompts import left_pad
+from cardjax.errors import CardjaxError
+from cardjax.model.cache import EMPTY_SEGMENT, KVCache
+
+
+def accept_drafts(drafts, n_drafts, greedy):
+  """(commit, all_kept) per row. drafts [b, B] with n_drafts [b] valid; greedy [b, B+1],
+  greedy[:, i] the AR prediction for the slot of drafts[:, i] (the last one is the bonus).
+  a = leading run of i < n_drafts with drafts[:, i] == greedy[:, i]; the committed tokens
+  are greedy[:, :a+1] (the kept drafts equal their predictions), so commit = a + 1."""
+  slot = jnp.arange(drafts.shape[1])[None]
+  ok = (drafts == greedy[:, :-1]) & (slot < n_drafts[:, None])
+  kept = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)
+  return kept + 1, kept == n_drafts
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "block", "max_new_tokens"))
+def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, pad_id,
+              mask_id, block: int, max_new_tokens: int):
+  model = nnx.merge(graphdef, state)
+  b, width = tokens.shape
+  # Forward s writes 1 + 2B slots at width - 1 + s (1 + B); at most max_new_tokens forwards.
+  cache = KVCache.create(model.cfg, b, width - 1 + (1 + block) * max_new_tokens + block)
+  _, cache = model.forward_cached(tokens[:, :-1], cache, positions=positions[:, :-1],
+                                  segment_ids=segments[:, :-1])
+  slot = jnp.arange(block)[None]
+  verified = jnp.arange(block + 1)[None]
+  rows = jnp.arange(b)[:, None]
+  masks = jnp.full((b, block), mask_id, jnp.int32)
+  ones = jnp.ones((b, 1), jnp.int32)
+
+  def cond(carry):
+    return ~jnp.all(carry[6])
+
+  def body(carry):
+    cache, pending, drafts, n_drafts, committed, out, done, count, forwards = carry
+    valid = slot < n_drafts[:, None]
+    window = jnp.concatenate([pending[:, None], jnp.where(valid, drafts, pad_id), masks], 1)
+    c = committed[:, None]  # tokens so far, p included: p sits at position c - 1
+    pos = jnp.concatenate([c - 1, jnp.where(valid, c + slot, 0), c + n_drafts[:, None] + slot],
+                          axis=1)
+    seg = jnp.concatenate([ones, valid.astype(jnp.int32), jnp.ones_like(masks)], axis=1)
+    start = cache.index
+    logits, cache = model.forward_cached(window, cache, positions=pos, segment_ids=seg)
+    guesses = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    greedy, next_drafts = guesses[:, :block + 1], guesses[:, block + 1:]
+    commit, all_kept = accept_drafts(drafts, n_drafts, greedy)
+    # The cache keeps p and the kept drafts; the rest of the window is never visible again.
+    keep = jnp.concatenate([verified < commit[:, None], jnp.zeros((b, block), bool)], axis=1)
+    written = jax.lax.dynamic_slice(cache.segments, (0, start), keep.shape)
+    cache = dataclasses.replace(
+        cache, segments=jax.lax.dynamic_update_slice(
+            cache.segments, jnp.where(keep, written, EMPTY_SEGMENT), (0, start)),
+        index=start + 1 + block)
+    # Output: clip at the first stop token and at the budget; done rows take nothing.
+    is_stop = jnp.isin(greedy, stop_ids) & (verified < commit[:, None])
+    first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1) + 1,
+                           block + 1)
+    k = jnp.minimum(jnp.minimum(commit, first_stop), max_new_tokens - count)
+    k = jnp.where(done, 0, k)
+    take = verified < k[:, None]
+    at = jnp.where(take, count[:, None] + verified, max_new_tokens)  # out of range: dropped
+    out = out.at[rows, at].set(greedy, mode="drop")
+    # Done rows stand still (their positions must not run past the model's context).
+    committed = committed + jnp.where(done, 0, commit)
+    done = done | jnp.any(is_stop & take, axis=1) | (count + k >= max_new_tokens)
+    pending = jnp.take_along_axis(greedy, (commit - 1)[:, None], axis=1)[:, 0]
+    n_drafts = jnp.where(all_kept, block, 0)
+    return (cache, pending, next_drafts, n_drafts, committed, out, done, count + k,
+            forwards + 1)
+
+  carry = (cache, tokens[:, -1], jnp.full((b, block), pad_id, jnp.int32),
+           jnp.zeros((b,), jnp.int32), lengths, jnp.full((b, max_new_tokens), pad_id, jnp.int32),
+           jnp.zeros((b,), bool), jnp.zeros((b,), jnp.int32), jnp.int32(0))
+  carry = jax.lax.while_loop(cond, body, carry)
+  return carry[5], carry[7], carry[8]
+
+
+def generate(model, prompts, max_new_tokens: int, block: int, mask_id: int, stop_ids=(),
+             pad_id: int = 0) -> Generation:
+  """Lossless MARS decoding of a batch of token-id prompts: the tokens of AR greedy, with
+  up to block + 1 of them per forward when the model's mask drafts are right."""
+  if block < 1:
+    raise CardjaxError(f"block={block} must be >= 1")
+  if mask_id < 0:
+    raise CardjaxError("MARS decoding needs the model's [MASK] id (model.mask_token_id)")
+  if max_new_tokens < 1:
+    raise CardjaxError(f"max_new_tokens={max_new_tokens} must be >= 1")
+  tokens, positions, segments, lengths = left_pad(
+      prompts, pad_id, model.cfg.max_position_embeddings - max_new_tokens - 2 * block)
+  graphdef, state = nnx.split(model)
+  stop = jnp.asarray(list(stop_ids) or [-1], jnp.int32)
+  out, count, forwards = _generate(
+      graphdef, state, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segments),
+      jnp.asarray(lengths), stop, jnp.int32(pad_id), jnp.int32(mask_id),
+      block=block, max_new_tokens=max_new_tokens)
+  return Generation(np.asarray(out), np.asarray(count), int(forwards))
