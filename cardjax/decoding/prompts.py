@@ -1,6 +1,8 @@
 """Batches of prompts of different lengths, left-padded so all rows write the KV cache at
 the same slot: padding has segment 0 (invisible to every real token) and the real tokens
-of each row have positions 0..n-1."""
+of each row have positions 0..n-1. The padded width is rounded up to a multiple of `bucket`,
+so a stream of batches with slightly different prompt lengths reuses a few compiled
+programs instead of compiling one per length (the extra padding is invisible)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ import numpy as np
 from cardjax.errors import CardjaxError
 
 
-def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, max_context: int | None = None):
-  """(tokens, positions, segment_ids, lengths) as int32 numpy arrays [batch, longest]."""
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, max_context: int | None = None,
+             bucket: int = 16):
+  """(tokens, positions, segment_ids, lengths) as int32 numpy arrays [batch, width]."""
   if not prompts:
     raise CardjaxError("no prompts given")
   lengths = np.asarray([len(p) for p in prompts], np.int32)
@@ -23,6 +26,7 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, max_context: int | N
   if max_context is not None and width > max_context:
     raise CardjaxError(f"a prompt has {width} tokens, more than the model's context of "
                        f"{max_context} (model.max_position_embeddings)")
+  width = -(-width // bucket) * bucket
   b = len(prompts)
   tokens = np.full((b, width), pad_id, np.int32)
   positions = np.zeros((b, width), np.int32)

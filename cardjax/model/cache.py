@@ -14,6 +14,12 @@ import jax
 import jax.numpy as jnp
 
 from cardjax.model.config import ModelConfig
+from cardjax.parallel.sharding import constrain
+
+# Under a mesh (jax.set_mesh) the cache is laid out like the activations that fill it: rows
+# over the data axes, kv heads over tensor, so a batched decode never gathers the cache.
+KV_AXES = ("layers", "act_batch", "act_seq", "act_kv_heads", "head_dim")
+META_AXES = ("act_batch", "act_seq")
 
 EMPTY_SEGMENT = -1
 
@@ -32,9 +38,10 @@ class KVCache:
   def create(cls, cfg: ModelConfig, batch: int, slots: int, dtype=None) -> "KVCache":
     dtype = jnp.dtype(dtype or cfg.dtype)
     shape = (cfg.num_layers, batch, slots, cfg.num_kv_heads, cfg.resolved_head_dim)
-    meta = jnp.zeros((batch, slots), jnp.int32)
-    return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), positions=meta,
-               streams=meta, segments=meta + EMPTY_SEGMENT, index=jnp.int32(0))
+    meta = constrain(jnp.zeros((batch, slots), jnp.int32), META_AXES)
+    zeros = constrain(jnp.zeros(shape, dtype), KV_AXES)
+    return cls(k=zeros, v=zeros, positions=meta, streams=meta,
+               segments=constrain(meta + EMPTY_SEGMENT, META_AXES), index=jnp.int32(0))
 
   @property
   def slots(self) -> int:
