@@ -1,0 +1,187 @@
+"""CARD block decoding with a KV cache (METHODS.md section 1, "Decoding").
+
+The model is causal and right-shifted (the output at q predicts q+1). The generation is
+cut into blocks of B slots. A block starts all [MASK]; each forward reads the window
+[pending | block] against the cache, where `pending` are the B committed tokens before the
+block (the previous block; padding for the first block, whose prompt was prefilled) and
+the block holds the tokens placed so far and [MASK] elsewhere. Slot j's distribution is the
+output at the token before it: the last pending token for slot 0 (for the first block the
+prefill's last output), slot j-1 otherwise. A planner (`planners.py`) then reveals some
+masked slots; placed tokens are never re-masked (except DUS's remask option, which keeps
+a low-confidence token of a non-final round masked). Since masks are inputs to later slots
+and never to earlier ones, any fill order is allowed.
+
+Cache layout: the prompt at [0, width), block i's window at [width + iB, width + (i+2)B).
+Its pending half holds real keys; its block half is scratch, rewritten by every forward of
+the block and finally by the next block's first forward, whose pending half IS the
+completed block. So the extra forward that METHODS.md runs to extend the cache is merged
+into the next block's first forward and a block costs exactly its number of rounds (DUS:
+log2 B forwards for B a power of 2, never log2 B + 1). The price: each forward reads 2B
+tokens instead of B + 1, the same cost on an accelerator for small B (weight- and
+cache-bound), and the last block needs no extension at all.
+
+Batches of left-padded prompts fill each block in lockstep: a row whose block is full
+waits unchanged until every row's is (MARS's "rows that finish early wait"), so all rows
+share the cache index and a row decodes exactly as it would alone. `forwards` counts the
+batch's window forwards (per block the most any row needed) after the prompt prefill.
+Slots past max_new_tokens in the last block are never revealed (causal: they cannot change
+earlier slots). Stops: once a block is full, a row with a stop token in it is done; its
+output ends at its first stop token (the rest of that block is discarded).
+Step limit: `steps` forwards per block at most; the steps-th reveals every slot left.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from cardjax.decoding import planners
+from cardjax.decoding.ar import Generation
+from cardjax.decoding.prompts import left_pad
+from cardjax.model.cache import KVCache
+
+
+class _Carry(NamedTuple):
+  cache: KVCache
+  blk: jax.Array  # the block being filled
+  rnd: jax.Array  # forwards spent on it so far
+  pending: jax.Array  # [b, B] the previous block's tokens
+  block: jax.Array  # [b, B] placed tokens, [MASK] elsewhere
+  masked: jax.Array  # [b, B] slots still to reveal (within budget, row not done)
+  out: jax.Array  # [b, blocks * B]
+  done: jax.Array  # [b] a stop token was generated
+  forwards: jax.Array
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "planner", "max_new_tokens"))
+def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, pad_id,
+              mask_id, knobs, steps, planner: planners.Planner, max_new_tokens: int):
+  model = nnx.merge(graphdef, state)
+  b, width = tokens.shape
+  size = planner.block
+  blocks = -(-max_new_tokens // size)
+  cache = KVCache.create(model.cfg, b, width + (blocks + 1) * size)
+  logits, cache = model.forward_cached(tokens, cache, positions=positions,
+                                       segment_ids=segments)
+  first_logits = logits[:, -1]  # predicts slot 0 of block 0
+  slot = jnp.arange(size)[None]
+  ones = jnp.ones((b, size), jnp.int32)
+
+  def todo(blk, done):
+    return (blk * size + slot < max_new_tokens) & ~done[:, None]
+
+  def cond(c: _Carry):
+    return (c.blk < blocks) & ~jnp.all(c.done)
+
+  def body(c: _Carry):
+    start = lengths[:, None] + c.blk * size + slot  # positions of the block's slots
+    has_pending = c.blk > 0
+    window = jnp.concatenate([c.pending, c.block], axis=1)
+    pos = jnp.concatenate([jnp.where(has_pending, start - size, 0), start], axis=1)
+    seg = jnp.concatenate([ones * has_pending.astype(jnp.int32), ones], axis=1)
+    cache = dataclasses.replace(c.cache, index=width + c.blk * size)
+    logits, cache = model.forward_cached(window, cache, positions=pos, segment_ids=seg)
+    slot_logits = logits[:, size - 1:2 * size - 1]
+    slot_logits = slot_logits.at[:, 0].set(
+        jnp.where(has_pending, slot_logits[:, 0], first_logits))
+    guess, show = planners.plan_step(planner, slot_logits, c.masked, c.rnd, knobs,
+                                     c.rnd >= steps - 1)
+    block = jnp.where(show, guess, c.block)
+    masked = c.masked & ~show
+    kept = todo(c.blk, c.done)
+    out = jax.lax.dynamic_update_slice(c.out, jnp.where(kept, block, pad_id),
+                                       (0, c.blk * size))
+    full = ~jnp.any(masked)  # the whole batch moves to the next block together
+    done = c.done | (full & jnp.any(jnp.isin(block, stop_ids) & kept, axis=1))
+    blk = c.blk + full.astype(jnp.int32)
+    return _Carry(cache, blk, jnp.where(full, 0, c.rnd + 1),
+                  jnp.where(full, block, c.pending),
+                  jnp.where(full, mask_id, block),
+                  jnp.where(full, todo(blk, done), masked), out, done, c.forwards + 1)
+
+  done = jnp.zeros((b,), bool)
+  carry = _Carry(cache, jnp.int32(0), jnp.int32(0), jnp.full((b, size), pad_id, jnp.int32),
+                 jnp.full((b, size), mask_id, jnp.int32), todo(0, done),
+                 jnp.full((b, blocks * size), pad_id, jnp.int32), done, jnp.int32(0))
+  c = jax.lax.while_loop(cond, body, carry)
+  out, count = planners.cut_at_stop(c.out[:, :max_new_tokens], c.done, stop_ids, pad_id)
+  return out, count, c.forwards
+
+
+def generate(model, prompts, max_new_tokens: int, block: int, planner: str = "confidence",
+             tau: float = 0.9, steps: int | None = None, mask_id: int | None = None,
+             stop_ids=(), pad_id: int = 0, gamma: float = 1.0, remask: float = 0.0,
+             spacing: bool = False, base: int = 2, g0: int = 8) -> Generation:
+  """CARD block decoding of a batch of token-id prompts (lists of ints), greedy.
+
+  block: B slots per block; planner: one of planners.KINDS (tau for confidence/cb, gamma
+  for eb, remask for dus, spacing + g0 for confidence/cb/eb, base for dus/topk).
+  steps: at most this many forwards per block, the last revealing every slot left (None:
+  no limit). mask_id: default model.cfg.mask_token_id. `forwards` counts window forwards
+  after the prefill (DUS: blocks * log2 B with no stop)."""
+  plan = planners.Planner(planner, block, base, spacing)
+  knobs = planners.make_knobs(tau, gamma, remask, g0)
+  steps = planners.check_steps(steps, block)
+  if mask_id is None:
+    mask_id = model.cfg.mask_token_id
+  mask_id = planners.check_request(mask_id, model.cfg.vocab_size, max_new_tokens)
+  generated = -(-max_new_tokens // block) * block
+  tokens, positions, segments, lengths = left_pad(
+      prompts, pad_id, model.cfg.max_position_embeddings - generated)
+  graphdef, state = nnx.split(model)
+  stop = jnp.asarray(list(stop_ids) or [-1], jnp.int32)
+  out, count, forwards = _generate(
+      graphdef, state, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segments),
+      jnp.asarray(lengths), stop, jnp.int32(pad_id), jnp.int32(mask_id), knobs,
+      jnp.int32(steps), planner=plan, max_new_tokens=max_new_tokens)
+  return Generation(np.asarray(out), np.asarray(count), int(forwards))
+
+
+@nnx.jit
+def _full_forward(model, tokens):
+  return model(tokens)  # compiled once per shape: eager op-by-op dispatch is far slower
+
+
+def card_by_recompute(model, prompt, max_new_tokens: int, block: int,
+                      planner: str = "confidence", tau: float = 0.9, steps: int | None = None,
+                      mask_id: int | None = None, stop_ids=(), gamma: float = 1.0,
+                      remask: float = 0.0, spacing: bool = False, base: int = 2,
+                      g0: int = 8) -> tuple[list[int], int]:
+  """The reference: per step one full causal forward over [prompt | committed | block with
+  masks | later blocks all masks], no cache, one prompt, plain Python (the later blocks
+  cannot change the outputs that are read: the model is causal). Returns (tokens, forwards)."""
+  plan = planners.Planner(planner, block, base, spacing)
+  knobs = planners.make_knobs(tau, gamma, remask, g0)
+  steps = planners.check_steps(steps, block)
+  mask_id = planners.check_request(model.cfg.mask_token_id if mask_id is None else mask_id,
+                                   model.cfg.vocab_size, max_new_tokens)
+  seq, out, forwards = list(prompt), [], 0
+  total = -(-max_new_tokens // block) * block
+  for first in range(0, max_new_tokens, block):
+    need = min(block, max_new_tokens - first)
+    cur = [mask_id] * block
+    masked = np.arange(block) < need
+    rnd = 0
+    while masked.any():
+      future = [mask_id] * (len(prompt) + total - len(seq) - block)  # one shape per prompt
+      logits = _full_forward(model, jnp.asarray([seq + cur + future], jnp.int32))
+      logits = logits[:, len(seq) - 1:len(seq) - 1 + block]
+      forwards += 1
+      guess, show = planners.plan_step(plan, logits, jnp.asarray(masked[None]),
+                                       jnp.int32(rnd), knobs, jnp.bool_(rnd >= steps - 1))
+      show = np.asarray(show)[0]
+      cur = [int(g) if s else t for g, s, t in zip(np.asarray(guess)[0], show, cur)]
+      masked &= ~show
+      rnd += 1
+    for token in cur[:need]:
+      out.append(token)
+      if token in stop_ids:
+        return out, forwards
+    seq += cur[:need]
+  return out, forwards
