@@ -205,9 +205,27 @@ def build_parser() -> argparse.ArgumentParser:
   group = p.add_mutually_exclusive_group(required=True)
   group.add_argument("--prompt", help="one prompt")
   group.add_argument("--prompts", help="a file with one prompt per line")
-  p.add_argument("--method", default="ar", help="ar | mars")
-  p.add_argument("--tau", type=float, default=0.95, help="mars: acceptance threshold")
-  p.add_argument("--block", type=int, default=4, help="mars: tokens drafted per forward")
+  p.add_argument("--method", default="ar", help="ar | mars | card | dus | eb | cb")
+  p.add_argument("--objective", default="",
+                 help="the checkpoint's training objective when it has no run config "
+                      "(an imported HF model); decides which methods fit")
+  p.add_argument("--tau", type=float, default=0.95,
+                 help="mars: acceptance threshold; card / cb: confidence threshold")
+  p.add_argument("--block", type=int, default=4,
+                 help="mars: tokens drafted per forward (the training B); card / dus / eb / "
+                      "cb: block length")
+  p.add_argument("--rule", default="prob", help="mars: prob | entropy | margin")
+  p.add_argument("--cache-block", type=int, default=0,
+                 help="mars: block-level KV cache of this many slots (0: window cache)")
+  p.add_argument("--verify", action="store_true", help="mars: self-verified, lossless")
+  p.add_argument("--order", default="confidence", help="card: confidence | dus")
+  p.add_argument("--steps", type=int, default=0,
+                 help="card / dus / eb / cb: forward limit per block (0: none)")
+  p.add_argument("--gamma", type=float, default=1.0, help="eb: entropy budget")
+  p.add_argument("--remask", type=float, default=0.0,
+                 help="dus: re-mask new tokens below this probability (0: off)")
+  p.add_argument("--spacing", action="store_true", help="eb / cb: dilation spacing filter")
+  p.add_argument("--base", type=int, default=2, help="dus: dilation base")
   p.add_argument("--batch", type=int, default=1, help="prompts decoded together")
   p.add_argument("--max-new-tokens", type=int, default=64)
   p.add_argument("--temperature", type=float, default=0.0, help="ar: 0 = greedy")

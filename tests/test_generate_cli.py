@@ -24,7 +24,13 @@ def test_generate_ar_and_mars(tmp_path, capsys):
   mars_out = capsys.readouterr().out
   # tau = 1 is AR greedy: the same text.
   assert ar_out.split("\n")[1] == mars_out.split("\n")[1]
-  assert main(args + ["--method", "dus"]) == 2
-  assert "not built yet" in capsys.readouterr().err
+  assert main(args + ["--method", "mars", "--verify"]) == 0
+  assert capsys.readouterr().out.split("\n")[1] == ar_out.split("\n")[1]  # lossless
+  assert main(args + ["--method", "card", "--block", "4", "--order", "dus"]) == 0
+  assert "method card" in capsys.readouterr().out
+  assert main(args + ["--method", "mars", "--objective", "mdlm"]) == 2
+  assert "cannot serve --method mars; methods that fit: dus, eb, cb" in capsys.readouterr().err
+  assert main(args + ["--method", "beam"]) == 2
+  assert "unknown decoding method 'beam'" in capsys.readouterr().err
   assert main(args + ["--method", "mars", "--tau", "2"]) == 2
   assert "tau=2.0 must lie in [0, 1]" in capsys.readouterr().err

@@ -7,9 +7,6 @@ from pathlib import Path
 
 from cardjax.errors import CardjaxError
 
-METHODS = ("ar", "mars")
-
-
 def _tokenizer(checkpoint_dir: Path, explicit: str, model_cfg):
   from cardjax import checkpoint
   from cardjax.data.tokenizer import load_tokenizer
@@ -29,12 +26,13 @@ def _tokenizer(checkpoint_dir: Path, explicit: str, model_cfg):
 
 def run_generate(args) -> None:
   from cardjax import checkpoint
-  from cardjax.decoding import ar, mars
+  from cardjax.decoding.methods import Options, check_method, make_decoder
 
   root = Path(args.checkpoint)
   root = root / "checkpoints" if (root / "checkpoints").is_dir() else root
-  if args.method not in METHODS:
-    raise CardjaxError(f"--method {args.method} is not built yet; available: {METHODS}")
+  run_config = checkpoint.read_run_config(root) if root.is_dir() else None
+  objective = args.objective or (run_config or {}).get("objective", {}).get("name")
+  check_method(args.method, objective, where=str(root))
   model, step = checkpoint.restore_model(root)
   tokenizer = _tokenizer(root, args.tokenizer, model.cfg)
   if args.prompt is not None:
@@ -47,29 +45,25 @@ def run_generate(args) -> None:
     texts = [tokenizer.render_chat([{"role": "user", "content": t}], add_generation_prompt=True)
              for t in texts]
   prompts = [tokenizer.encode(t) for t in texts]
-  stop = tokenizer.stop_ids
+  shift = bool((run_config or {}).get("objective", {}).get("shift", False))
+  options = Options(
+      max_new_tokens=args.max_new_tokens, stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id,
+      temperature=args.temperature, top_p=args.top_p, seed=args.seed, tau=args.tau,
+      block=args.block, rule=args.rule, cache_block=args.cache_block, verify=args.verify,
+      order=args.order, steps=args.steps, gamma=args.gamma, remask=args.remask,
+      spacing=args.spacing, base=args.base, shift=shift)
+  decode = make_decoder(args.method, model, objective, options)
   start = time.perf_counter()
-  rows, forwards, tokens = [], 0, 0
+  rows, row_forwards, tokens = [], 0, 0
   for i in range(0, len(prompts), args.batch):
     chunk = prompts[i:i + args.batch]
-    if args.method == "ar":
-      out = ar.generate(model, chunk, args.max_new_tokens, stop_ids=stop,
-                        pad_id=tokenizer.pad_id, temperature=args.temperature,
-                        top_p=args.top_p, seed=args.seed)
-    else:
-      if model.cfg.mask_token_id < 0:
-        raise CardjaxError(f"{root} has no [MASK] id (model.mask_token_id); it cannot "
-                           "serve --method mars")
-      out = mars.generate(model, chunk, args.max_new_tokens, block=args.block, tau=args.tau,
-                          mask_id=model.cfg.mask_token_id, stop_ids=stop,
-                          pad_id=tokenizer.pad_id)
+    out = decode(chunk)
     rows += out.rows()
-    forwards += out.forwards
+    row_forwards += out.forwards * len(chunk)
     tokens += int(out.lengths.sum())
   seconds = time.perf_counter() - start
   for text, row in zip(texts, rows):
     print(f"--- {text!r}\n{tokenizer.decode(row, skip_special=True)}")
-  print(f"method {args.method} (step {step}): {tokens} tokens, {forwards} forwards, "
-        f"{tokens / max(forwards, 1) / max(1, min(args.batch, len(prompts))):.2f} tokens per "
-        f"forward per row, {tokens / seconds:.1f} tokens/s, {seconds:.2f}s "
-        "(compile included)")
+  print(f"method {args.method} (step {step}, objective {objective or 'unknown'}): {tokens} "
+        f"tokens, {row_forwards} row-forwards, {tokens / max(row_forwards, 1):.2f} tokens per "
+        f"forward, {tokens / seconds:.1f} tokens/s, {seconds:.2f}s latency (compile included)")
