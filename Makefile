@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow install clean
+.PHONY: demo test test-slow bench-decode install clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -28,6 +28,12 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
+
+# The decoding benchmark: trains configs/decode_bench.py's models (about 40 min on 2 CPU
+# cores), then prints the speed-quality table and writes runs/bench_decode/decode.png.
+bench-decode: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[test,bench]'
+	$(BIN)/python benchmarks/decode.py --workdir runs/bench_decode
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

@@ -5,7 +5,8 @@ through the grain pipeline, run the tiny model on them, train AR and CARD models
 python_stdlib and an AR SFT then MARS model on arith_sft with the repo's tiny configs, save
 an orbax checkpoint (with the data iterator's state), export it as a Hugging Face folder,
 and load that back into cardjax and (when installed) into transformers, comparing logits.
-The decoding stage joins with the decoding issue.
+Last, decode with every method (AR with a KV cache, MARS over tau, self-verified MARS,
+CARD blocks, DUS, EB, CB) and print speed against AR and quality (cardjax.decoding.suite).
 """
 
 from __future__ import annotations
@@ -67,6 +68,21 @@ def _train_models(workdir: Path, base) -> dict:
   return results
 
 
+def _decode(workdir: Path) -> list[dict]:
+  """The decode benchmark in miniature on the demo's runs (benchmarks/decode.py in full)."""
+  from cardjax.decoding import suite
+
+  runs = {name: suite.load_run(workdir / "runs" / name) for name, _, _ in RUNS}
+  print("   " + suite.HEADER.replace("\n", "\n   "), flush=True)
+  log = lambda line: print("   " + line, flush=True)  # noqa: E731
+  rows = suite.arith_rows(runs["sft"], runs["mars"], n=8, batches=(4,), taus=(1.0, 0.9, 0.7),
+                          block=4, cache_block=8, max_new_tokens=48, log=log)
+  rows += suite.code_rows(runs["ar"], {"card": runs["card"]}, None, n=8, prompt_len=16,
+                          batches=(4,), taus=(0.9, 0.5), block=8, max_new_tokens=32, log=log)
+  (workdir / "decode.md").write_text(suite.table(rows) + "\n")
+  return rows
+
+
 def run_demo(workdir: str | Path, overrides=()) -> dict:
   from cardjax import checkpoint, hf
   from cardjax.config import load_config, model_config
@@ -83,7 +99,7 @@ def run_demo(workdir: str | Path, overrides=()) -> dict:
   pretrain = load_config("configs/tiny.py", base)
   sft = load_config("configs/tiny.py", base + SFT)
 
-  t = _stage("1/6 build the embedded datasets and their tokenizers")
+  t = _stage("1/7 build the embedded datasets and their tokenizers")
   for name, config in (("python_stdlib", pretrain), ("arith_sft", sft)):
     builder, tokenizer = prepare(config)
     splits = {k: v.num_examples for k, v in builder.info.splits.items()}
@@ -91,7 +107,7 @@ def run_demo(workdir: str | Path, overrides=()) -> dict:
     print(f"   {name}: {splits}, tokenizer {tokenizer.vocab_size} ids")
   print(f"   ({time.time() - t:.1f}s)")
 
-  t = _stage("2/6 stream batches through the grain pipeline")
+  t = _stage("2/7 stream batches through the grain pipeline")
   loaders = {"python_stdlib": make_loader(pretrain), "arith_sft": make_loader(sft)}
   batches = {name: next(loader) for name, loader in loaders.items()}
   for name, batch in batches.items():
@@ -105,7 +121,7 @@ def run_demo(workdir: str | Path, overrides=()) -> dict:
       .splitlines()))
   print(f"   ({time.time() - t:.1f}s)")
 
-  t = _stage("3/6 run the tiny model (configs/tiny.py) on real batches")
+  t = _stage("3/7 run the tiny model (configs/tiny.py) on real batches")
   cfg = model_config(pretrain)
   model = create_model(cfg, seed=pretrain.seed)
   report["params"] = param_count(model)
@@ -116,11 +132,11 @@ def run_demo(workdir: str | Path, overrides=()) -> dict:
         f"(SFT responses); uniform would be {np.log(cfg.vocab_size):.3f} "
         f"({time.time() - t:.1f}s)")
 
-  t = _stage("4/6 train AR and CARD on python_stdlib, AR SFT then MARS on arith_sft")
+  t = _stage("4/7 train AR and CARD on python_stdlib, AR SFT then MARS on arith_sft")
   report["training"] = _train_models(workdir, base)
   print(f"   ({time.time() - t:.1f}s)")
 
-  t = _stage("5/6 save and restore an orbax checkpoint (model + data iterator)")
+  t = _stage("5/7 save and restore an orbax checkpoint (model + data iterator)")
   ckpt = checkpoint.save_model(workdir / "checkpoints", model, step=0,
                                data_loader=loaders["python_stdlib"])
   restored, _ = checkpoint.restore_model(ckpt)
@@ -135,7 +151,7 @@ def run_demo(workdir: str | Path, overrides=()) -> dict:
   print(f"   {ckpt}: logits differ by {report['orbax_max_abs_diff']:.2e}; resumed data "
         f"iterator gives the same next batch: {same} ({time.time() - t:.1f}s)")
 
-  t = _stage("6/6 export to Hugging Face, import back, load in transformers")
+  t = _stage("6/7 export to Hugging Face, import back, load in transformers")
   hf_dir = hf.save_pretrained(restored, workdir / "hf", assets_from=tokenizer_dir(pretrain))
   reimported = hf.from_pretrained(hf_dir)
   report["hf_roundtrip_max_abs_diff"] = float(
@@ -156,6 +172,10 @@ def run_demo(workdir: str | Path, overrides=()) -> dict:
   print(message + f" ({time.time() - t:.1f}s)")
   for loader in loaders.values():
     loader.close()
+
+  t = _stage("7/7 decode with every method: speed against AR with a KV cache, and quality")
+  report["decoding"] = _decode(workdir)
+  print(f"   ({time.time() - t:.1f}s)")
   (workdir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
   print(f"== done: every artefact is under {workdir}; summary in report.json")
   return report

@@ -1,0 +1,125 @@
+"""Decoding speed and quality of every method against AR with a KV cache, in one run.
+
+  python benchmarks/decode.py [--workdir runs/bench_decode] [--quick]
+
+1. Builds arith_sft and python_stdlib and trains the models of configs/decode_bench.py
+   (sft, then mars from it; ar, card, card_half, mdlm), reusing finished runs.
+2. arith: AR (SFT model) vs MARS over a tau sweep (window and block-level cache) and
+   self-verified MARS; exact match on the test problems.
+3. code: AR vs CARD blocks (confidence tau sweep, DUS, EB, CB) for clean_fraction 0 and
+   0.5, and MDLM with DUS vs the confidence planner at the same forwards; NLL of the
+   continuation under the AR model.
+Prints one table (tokens per forward, tokens/s, speedup over AR at the same batch size,
+quality) and writes results.json, decode.md and decode.png under the workdir.
+Needs matplotlib for the PNG (pip install -e '.[bench]').
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import jax
+
+from cardjax.config import load_config
+from cardjax.data.prepare import prepare
+from cardjax.decoding import suite
+from cardjax.train import train
+
+MODELS = ("sft", "mars", "ar", "card", "card_half", "mdlm")
+
+
+def train_models(workdir: Path, data_dir: Path, scale: float) -> dict[str, Path]:
+  """Each decode_bench model trained (or resumed to its last step) under workdir/runs."""
+  runs = {}
+  for name in MODELS:
+    flags = [f"--config.data.data_dir={data_dir}", "--config.train.progress=false"]
+    if name == "mars":
+      flags.append(f"--config.train.init_from={runs['sft'] / 'checkpoints'}")
+    config = load_config(f"configs/decode_bench.py:{name}", flags)
+    if scale != 1.0:
+      config.train.steps = max(10, int(config.train.steps * scale))
+      config.train.checkpoint_every = config.train.steps
+    prepare(config)
+    start = time.time()
+    out = train(config, workdir / "runs" / name)
+    runs[name] = workdir / "runs" / name
+    print(f"   trained {name}: {config.train.steps} steps, loss {out['train'].get('loss', 0):.3f}"
+          f" ({time.time() - start:.0f}s)", flush=True)
+  return runs
+
+
+def plot(rows: list[dict], path: Path) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+  for ax, task, quality, label in ((left, "arith", "exact_match", "exact match"),
+                                   (right, "code", "judge_nll", "NLL under AR (lower is better)")):
+    batch = 4 if any(r["batch"] == 4 for r in rows) else rows[0]["batch"]
+    groups: dict[str, list] = {}
+    for r in rows:
+      if r["task"] == task and r["batch"] == batch:
+        key = f"{r['model']} {r['method']}" + (
+            " cache" if "cache" in r["setting"] and r["method"] == "mars" else "")
+        groups.setdefault(key, []).append((r["speedup"], r[quality]))
+    for key, points in sorted(groups.items()):
+      points.sort()
+      ax.plot([p[0] for p in points], [p[1] for p in points], "o-", label=key)
+    ax.axvline(1.0, color="grey", lw=0.5)
+    ax.set_xlabel(f"wall-clock speedup over AR with KV cache (batch {batch})")
+    ax.set_ylabel(label)
+    ax.set_title(task)
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--workdir", default="runs/bench_decode")
+  parser.add_argument("--quick", action="store_true", help="short training, few prompts")
+  parser.add_argument("--n-arith", type=int, default=128)
+  parser.add_argument("--n-code", type=int, default=32)
+  parser.add_argument("--batches", default="1,4,16")
+  parser.add_argument("--taus", default="1.0,0.95,0.9,0.8,0.6")
+  parser.add_argument("--card-taus", default="0.9,0.7,0.5")
+  args = parser.parse_args()
+  workdir = Path(args.workdir).absolute()
+  batches = [int(b) for b in args.batches.split(",")]
+  n_arith, n_code, scale = args.n_arith, args.n_code, 1.0
+  if args.quick:
+    n_arith, n_code, scale = 32, 16, 0.1
+  print(f"== decode benchmark: {platform.processor() or platform.machine()}, "
+        f"{jax.device_count()} x {jax.devices()[0].device_kind}, jax {jax.__version__}")
+  print("== 1/3 train the models (configs/decode_bench.py)", flush=True)
+  runs = train_models(workdir, workdir / "data", scale)
+  loaded = {name: suite.load_run(path) for name, path in runs.items()}
+
+  print("== 2/3 arith: AR SFT vs MARS\n" + suite.HEADER, flush=True)
+  rows = suite.arith_rows(loaded["sft"], loaded["mars"], n_arith, batches,
+                          [float(t) for t in args.taus.split(",")], block=4, cache_block=16,
+                          max_new_tokens=96)
+  print("== 3/3 code: AR vs CARD and MDLM\n" + suite.HEADER, flush=True)
+  rows += suite.code_rows(loaded["ar"], {"card": loaded["card"],
+                                         "card_half": loaded["card_half"]},
+                          loaded["mdlm"], n_code, prompt_len=32, batches=batches,
+                          taus=[float(t) for t in args.card_taus.split(",")], block=8,
+                          max_new_tokens=64)
+  (workdir / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+  (workdir / "decode.md").write_text(suite.table(rows) + "\n")
+  try:
+    plot(rows, workdir / "decode.png")
+    print(f"== wrote {workdir / 'decode.png'}")
+  except ImportError:
+    print("== no PNG: matplotlib is missing (pip install -e '.[bench]')")
+  print(f"== table in {workdir / 'decode.md'}, rows in {workdir / 'results.json'}")
+
+
+if __name__ == "__main__":
+  main()

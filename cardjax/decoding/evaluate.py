@@ -1,0 +1,130 @@
+"""Measure decoders side by side: speed (tokens per forward, tokens/s) and quality.
+
+Used by benchmarks/decode.py and the demo's decode stage, so both report the same numbers:
+- arithmetic: exact match of "The answer is N." on the arith_sft test split;
+- code: the NLL of the generated continuation under an AR model (the judge), since there is
+  no reference answer for free-running code.
+Timing excludes compilation: every distinct batch shape is decoded once before the clock
+starts (prompts are left-padded to multiples of 16, so a few shapes cover a prompt set).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from cardjax.data import arith, builders
+from cardjax.data.prepare import builder_options, data_dir
+
+
+@dataclasses.dataclass
+class Run:
+  """One decoder over a prompt set at one batch size."""
+  rows: list[list[int]]
+  forwards: int  # batched forwards summed over batches
+  seconds: float
+  batch: int
+
+  @property
+  def tokens(self) -> int:
+    return sum(len(r) for r in self.rows)
+
+  @property
+  def tokens_per_forward(self) -> float:
+    """Generated tokens per row-forward: a batched forward counts once per row in it, so
+    rows that wait for others lower the figure (as they cost compute)."""
+    return self.tokens / max(1, self.forwards * self.batch)
+
+  @property
+  def tokens_per_second(self) -> float:
+    return self.tokens / max(self.seconds, 1e-9)
+
+
+def arith_problems(config, tokenizer, n: int) -> tuple[list[list[int]], list[str]]:
+  """(prompt ids rendered with the chat template, answers) for the first n test problems."""
+  source = builders.load_source(config.data.dataset, "test", data_dir(config),
+                                **builder_options(config))
+  prompts, answers = [], []
+  for i in range(min(n, len(source))):
+    example = builders.decode(source[i])
+    user = [m for m in example["messages"] if m["role"] != "assistant"]
+    prompts.append(tokenizer.encode(tokenizer.render_chat(user, add_generation_prompt=True)))
+    answers.append(example["answer"])
+  return prompts, answers
+
+
+def code_prompts(config, tokenizer, n: int, length: int) -> list[list[int]]:
+  """The first `length` tokens of the first n held-out documents (data.eval_split) that
+  are long enough."""
+  source = builders.load_source(config.data.dataset, config.data.eval_split, data_dir(config),
+                                **builder_options(config))
+  prompts = []
+  for i in range(len(source)):
+    ids = tokenizer.encode(builders.decode(source[i])["text"])
+    if len(ids) >= 2 * length:
+      prompts.append(ids[:length])
+    if len(prompts) == n:
+      break
+  return prompts
+
+
+def exact_match(rows: Sequence[Sequence[int]], answers: Sequence[str], tokenizer) -> float:
+  graded = [arith.grade(tokenizer.decode(r, skip_special=True), a) for r, a in zip(rows, answers)]
+  return float(np.mean(graded))
+
+
+def _bucket(prompts) -> int:
+  return -(-max(len(p) for p in prompts) // 16)
+
+
+def timed(decode: Callable, prompts: Sequence[Sequence[int]], batch: int) -> Run:
+  """Decode `prompts` in batches of `batch` with decode(chunk) -> Generation; compile first."""
+  chunks = [list(prompts[i:i + batch]) for i in range(0, len(prompts), batch)]
+  seen = set()
+  for chunk in chunks:  # one warm-up per compiled shape
+    key = (len(chunk), _bucket(chunk))
+    if key not in seen:
+      seen.add(key)
+      decode(chunk)
+  rows, forwards = [], 0
+  start = time.perf_counter()
+  for chunk in chunks:
+    out = decode(chunk)
+    rows += out.rows()
+    forwards += out.forwards
+  return Run(rows, forwards, time.perf_counter() - start, batch)
+
+
+def judge_nll(model, prompts, rows, batch: int = 16) -> float:
+  """Mean NLL per generated token under `model` (an AR judge), prompts as context."""
+  total, count = 0.0, 0
+  width = max(len(p) + len(r) for p, r in zip(prompts, rows))
+  width = -(-width // 16) * 16
+  score = nnx.jit(_score)
+  for i in range(0, len(prompts), batch):
+    tokens = np.zeros((batch, width), np.int32)
+    segments = np.zeros((batch, width), np.int32)
+    weights = np.zeros((batch, width), np.float32)
+    for j, (p, r) in enumerate(zip(prompts[i:i + batch], rows[i:i + batch])):
+      seq = list(p) + list(r)
+      tokens[j, :len(seq)] = seq
+      segments[j, :len(seq)] = 1
+      weights[j, len(p):len(seq)] = 1.0  # targets: the generated tokens
+    nll = score(model, jnp.asarray(tokens), jnp.asarray(segments))
+    total += float((np.asarray(nll) * weights[:, 1:]).sum())
+    count += int(weights.sum())
+  return total / max(count, 1)
+
+
+def _score(model, tokens, segments):
+  positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+  logits = model(tokens, positions=positions, segment_ids=segments)
+  return optax.softmax_cross_entropy_with_integer_labels(
+      logits[:, :-1].astype(jnp.float32), tokens[:, 1:])

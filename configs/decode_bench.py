@@ -1,0 +1,39 @@
+"""The models benchmarks/decode.py compares: one small recipe per objective.
+
+`--config configs/decode_bench.py:NAME` with NAME one of
+  sft        AR SFT on arith_sft (stage 1 of the MARS recipe and the AR baseline)
+  mars       MARS on arith_sft, started from the sft run (train.init_from, set by the bench)
+  ar         AR pretraining on python_stdlib (the code baseline and the NLL judge)
+  card       CARD on python_stdlib (soft tail, context reweighting, clean_fraction 0)
+  card_half  the same with half the rows left clean (clean_fraction 0.5)
+  mdlm       MDLM on python_stdlib (bidirectional; the family DUS/EB/CB target)
+
+The model is the tiny config widened to 128 x 4 layers: big enough to solve a share of the
+arithmetic problems after minutes of CPU training, small enough to decode on CPU.
+"""
+
+from cardjax.config import load_config
+
+BASES = {"sft": "tiny_sft", "mars": "tiny_mars", "ar": "tiny_ar", "card": "tiny_card",
+         "card_half": "tiny_card", "mdlm": "tiny_mdlm"}
+STEPS = {"sft": 2000, "mars": 1000, "ar": 800, "card": 800, "card_half": 800, "mdlm": 800}
+
+
+def get_config(name: str = "sft"):
+  if name not in BASES:
+    raise ValueError(f"decode_bench: unknown model {name!r}; choose one of {sorted(BASES)}")
+  c = load_config(BASES[name])
+  c.name = f"decode_bench_{name}"
+  c.model.hidden_size = 128
+  c.model.intermediate_size = 384
+  c.model.num_layers = 4
+  c.data.batch_size = 16
+  c.train.steps = STEPS[name]
+  c.train.warmup_steps = 50
+  c.train.eval_every = 0
+  c.train.checkpoint_every = STEPS[name]
+  if name == "mars":
+    c.train.lr = 1e-3  # fine-tuning the SFT model: a gentler rate than from scratch
+  if name == "card_half":
+    c.objective.clean_fraction = 0.5
+  return c

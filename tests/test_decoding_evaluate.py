@@ -1,0 +1,33 @@
+"""The benchmark's measures: judge NLL against a direct computation; run bookkeeping."""
+
+import jax
+import numpy as np
+
+from cardjax.decoding import evaluate, generate
+from cardjax.model import ModelConfig, create_model
+
+CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+                  num_heads=4, num_kv_heads=2, initializer_range=0.3)
+
+
+def test_judge_nll_is_the_mean_nll_of_the_generated_tokens():
+  model = create_model(CFG, seed=1)
+  prompts = [[5, 9, 2], [1], [60, 61, 62, 7, 7]]
+  rows = [[4, 4, 8], [9], [1, 2]]
+  total, count = 0.0, 0
+  for p, r in zip(prompts, rows):
+    seq = np.asarray([p + r])
+    logp = jax.nn.log_softmax(np.asarray(model(seq))[0], axis=-1)
+    for i in range(len(p), len(seq[0])):
+      total -= float(logp[i - 1, seq[0, i]])
+      count += 1
+  assert abs(evaluate.judge_nll(model, prompts, rows, batch=2) - total / count) < 1e-5
+
+
+def test_timed_counts_rows_forwards_and_tokens():
+  model = create_model(CFG, seed=1)
+  prompts = [[5, 9, 2], [1], [60, 61, 62], [8] * 20, [3, 3]]
+  run = evaluate.timed(lambda chunk: generate(model, chunk, 6), prompts, batch=2)
+  assert run.rows == generate(model, prompts, 6).rows()
+  assert run.tokens == 30 and run.forwards == 3 * 6
+  assert run.tokens_per_forward == 30 / (18 * 2) and run.tokens_per_second > 0
