@@ -29,5 +29,5 @@ def test_timed_counts_rows_forwards_and_tokens():
   prompts = [[5, 9, 2], [1], [60, 61, 62], [8] * 20, [3, 3]]
   run = evaluate.timed(lambda chunk: generate(model, chunk, 6), prompts, batch=2)
   assert run.rows == generate(model, prompts, 6).rows()
-  assert run.tokens == 30 and run.forwards == 3 * 6
-  assert run.tokens_per_forward == 30 / (18 * 2) and run.tokens_per_second > 0
+  assert run.tokens == 30 and run.forwards == 3 * 6 and run.row_forwards == 5 * 6
+  assert run.tokens_per_forward == 1.0 and run.tokens_per_second > 0

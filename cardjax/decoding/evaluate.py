@@ -31,6 +31,7 @@ class Run:
   forwards: int  # batched forwards summed over batches
   seconds: float
   batch: int
+  row_forwards: int  # sum over batches of forwards x rows in the batch
 
   @property
   def tokens(self) -> int:
@@ -40,7 +41,7 @@ class Run:
   def tokens_per_forward(self) -> float:
     """Generated tokens per row-forward: a batched forward counts once per row in it, so
     rows that wait for others lower the figure (as they cost compute)."""
-    return self.tokens / max(1, self.forwards * self.batch)
+    return self.tokens / max(1, self.row_forwards)
 
   @property
   def tokens_per_second(self) -> float:
@@ -61,17 +62,17 @@ def arith_problems(config, tokenizer, n: int) -> tuple[list[list[int]], list[str
 
 
 def code_prompts(config, tokenizer, n: int, length: int) -> list[list[int]]:
-  """The first `length` tokens of the first n held-out documents (data.eval_split) that
-  are long enough."""
+  """n prompts of `length` tokens from the held-out documents (data.eval_split): windows
+  at offsets 0, 3 * length, 6 * length, ... of each document, so a continuation of
+  2 * length tokens exists in the source, taken document by document."""
   source = builders.load_source(config.data.dataset, config.data.eval_split, data_dir(config),
                                 **builder_options(config))
+  docs = [tokenizer.encode(builders.decode(source[i])["text"]) for i in range(len(source))]
   prompts = []
-  for i in range(len(source)):
-    ids = tokenizer.encode(builders.decode(source[i])["text"])
-    if len(ids) >= 2 * length:
-      prompts.append(ids[:length])
-    if len(prompts) == n:
-      break
+  for offset in range(0, max(len(d) for d in docs), 3 * length):
+    for ids in docs:
+      if len(ids) >= offset + 3 * length and len(prompts) < n:
+        prompts.append(ids[offset:offset + length])
   return prompts
 
 
@@ -93,13 +94,14 @@ def timed(decode: Callable, prompts: Sequence[Sequence[int]], batch: int) -> Run
     if key not in seen:
       seen.add(key)
       decode(chunk)
-  rows, forwards = [], 0
+  rows, forwards, row_forwards = [], 0, 0
   start = time.perf_counter()
   for chunk in chunks:
     out = decode(chunk)
     rows += out.rows()
     forwards += out.forwards
-  return Run(rows, forwards, time.perf_counter() - start, batch)
+    row_forwards += out.forwards * len(chunk)
+  return Run(rows, forwards, time.perf_counter() - start, batch, row_forwards)
 
 
 def judge_nll(model, prompts, rows, batch: int = 16) -> float:

@@ -10,7 +10,10 @@ confidence rule (RULES: top prob, normalised entropy, top-2 margin) is static.
 
 Cache use: the window is written at `index`; the pending part is real and stays (padding
 slots of rows with fewer pending tokens are invalidated), the mask part is scratch and is
-overwritten by the next window, so the cache grows by B slots per forward.
+overwritten by the next window, which starts right after the longest pending run of the
+batch: the cache grows by the most tokens any row committed (at batch 1, exactly the
+accepted tokens), so it needs width + 2B + min(batch, B) * (max_new_tokens + 1) slots, and
+every forward's attention reads that many (not B per possible forward).
 """
 
 from __future__ import annotations
@@ -88,7 +91,10 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
   model = nnx.merge(graphdef, state)
   b, width = tokens.shape
   steps_max = max_new_tokens  # at least one token per forward
-  cache = KVCache.create(model.cfg, b, width + block * (steps_max + 2))
+  # Index advances by max(n_pending) <= B per forward, and in total by at most the tokens
+  # of all rows (each pending token was committed): so min(b, B) * (max_new + 1) + 2B.
+  cache = KVCache.create(model.cfg, b,
+                         width + 2 * block + min(b, block) * (max_new_tokens + 1))
   _, cache = model.forward_cached(tokens[:, :-1], cache, positions=positions[:, :-1],
                                   segment_ids=segments[:, :-1])
   pending = jnp.full((b, block), pad_id, jnp.int32).at[:, 0].set(tokens[:, -1])
@@ -118,7 +124,7 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
     cache = dataclasses.replace(
         cache, segments=jax.lax.dynamic_update_slice(
             cache.segments, jnp.where(keep, written, EMPTY_SEGMENT), (0, start)),
-        index=start + block)
+        index=start + jnp.max(n_pending))
     last = jnp.take_along_axis(logits[:, :block], (n_pending - 1)[:, None, None], axis=1)
     slot_logits = jnp.concatenate([last, logits[:, block:2 * block - 1]], axis=1)
     probs = jax.nn.softmax(slot_logits.astype(jnp.float32), axis=-1)

@@ -122,6 +122,8 @@ def code_rows(ar: LoadedRun, cards: dict, mdlm: LoadedRun | None, n: int, prompt
         add(go(card, "card", dataclasses.replace(base_opt, tau=tau), batch), name, "card",
             f"confidence tau={tau} B={block}", base)
       add(go(card, "dus", base_opt, batch), name, "dus", f"B={block}", base)
+      add(go(card, "dus", dataclasses.replace(base_opt, planner="topk"), batch), name,
+          "confidence", f"topk, DUS forwards, B={block}", base)
       add(go(card, "eb", base_opt, batch), name, "eb", f"gamma={base_opt.gamma} B={block}",
           base)
       add(go(card, "cb", dataclasses.replace(base_opt, tau=0.7, spacing=True), batch), name,
