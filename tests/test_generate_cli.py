@@ -34,3 +34,23 @@ def test_generate_ar_and_mars(tmp_path, capsys):
   assert "unknown decoding method 'beam'" in capsys.readouterr().err
   assert main(args + ["--method", "mars", "--tau", "2"]) == 2
   assert "tau=2.0 must lie in [0, 1]" in capsys.readouterr().err
+
+
+def test_generate_batches_a_prompt_file_on_the_device_mesh(tmp_path, capsys):
+  tok = train_bpe(["alpha beta gamma delta"] * 20, 300, tmp_path / "hf")
+  model = create_model(ModelConfig(vocab_size=320, hidden_size=32, intermediate_size=64,
+                                   num_layers=1, mask_token_id=tok.mask_id, eos_token_id=0),
+                       seed=0)
+  hf.save_pretrained(model, tmp_path / "hf", assets_from=tmp_path / "hf")
+  assert main(["import-hf", str(tmp_path / "hf"), str(tmp_path / "ck"),
+               "--mask-token-id", str(tok.mask_id)]) == 0
+  (tmp_path / "prompts.txt").write_text("alpha\nbeta gamma\n\ndelta alpha beta\n")
+  base = ["generate", "--checkpoint", str(tmp_path / "ck"), "--prompts",
+          str(tmp_path / "prompts.txt"), "--max-new-tokens", "5", "--batch", "2"]
+  capsys.readouterr()
+  assert main(base) == 0
+  ar_out = capsys.readouterr().out
+  assert ar_out.count("--- ") == 3  # blank lines are skipped
+  assert main(base + ["--method", "mars", "--tau", "1.0", "--cache-block", "8"]) == 0
+  mars_out = capsys.readouterr().out
+  assert mars_out.split("method")[0] == ar_out.split("method")[0]  # tau = 1 is AR greedy

@@ -1,24 +1,30 @@
 """CARD block decoding with a KV cache (METHODS.md section 1, "Decoding").
 
 The model is causal and right-shifted (the output at q predicts q+1). The generation is
-cut into blocks of B slots. A block starts all [MASK]; each forward reads the window
+cut into blocks of B slots. A block starts all [MASK]; its first forward reads the window
 [pending | block] against the cache, where `pending` are the B committed tokens before the
 block (the previous block; padding for the first block, whose prompt was prefilled) and
-the block holds the tokens placed so far and [MASK] elsewhere. Slot j's distribution is the
-output at the token before it: the last pending token for slot 0 (for the first block the
-prefill's last output), slot j-1 otherwise. A planner (`planners.py`) then reveals some
-masked slots; placed tokens are never re-masked (except DUS's remask option, which keeps
-a low-confidence token of a non-final round masked). Since masks are inputs to later slots
-and never to earlier ones, any fill order is allowed.
+the block holds the tokens placed so far and [MASK] elsewhere; its later forwards read the
+block alone. Slot j's distribution is the output at the token before it: the last pending
+token for slot 0 (for the first block the prefill's last output), saved by the block's
+first forward for its later ones, and slot j-1 otherwise. A planner (`planners.py`) then
+reveals some masked slots; placed tokens are never re-masked (except DUS's remask option,
+which keeps a low-confidence token of a non-final round masked). Since masks are inputs to
+later slots and never to earlier ones, any fill order is allowed.
 
-Cache layout: the prompt at [0, width), block i's window at [width + iB, width + (i+2)B).
-Its pending half holds real keys; its block half is scratch, rewritten by every forward of
-the block and finally by the next block's first forward, whose pending half IS the
-completed block. So the extra forward that METHODS.md runs to extend the cache is merged
-into the next block's first forward and a block costs exactly its number of rounds (DUS:
-log2 B forwards for B a power of 2, never log2 B + 1). The price: each forward reads 2B
-tokens instead of B + 1, the same cost on an accelerator for small B (weight- and
-cache-bound), and the last block needs no extension at all.
+Cache layout: the prompt at [0, width), block i at [width + (i+1)B, width + (i+2)B) and the
+padding before block 0 at [width, width + B) (segment 0: never visible). Block i's first
+forward writes [pending | block] at [width + iB, width + (i+2)B): the pending half is the
+completed block i-1, written for good; the block half is scratch, rewritten by each later
+forward of the block (B tokens at width + (i+1)B) and finally by block i+1's first forward,
+whose pending half IS the completed block i, so no scratch key outlives its block (keys
+past a query's position are causally invisible anyway). So the extra forward that
+METHODS.md runs to extend the cache is merged into the next block's first forward and a
+block costs exactly its number of rounds (DUS: log2 B forwards for B a power of 2, never
+log2 B + 1). The price: the first forward of a block reads 2B tokens instead of B + 1
+(the same cost on an accelerator for small B, weight- and cache-bound); later ones read
+B; the last block needs no extension at all. The two window widths are two branches of
+one `lax.cond`, so the whole decode stays one jit with static shapes.
 
 Batches of left-padded prompts fill each block in lockstep: a row whose block is full
 waits unchanged until every row's is (MARS's "rows that finish early wait"), so all rows
@@ -52,6 +58,7 @@ class _Carry(NamedTuple):
   blk: jax.Array  # the block being filled
   rnd: jax.Array  # forwards spent on it so far
   pending: jax.Array  # [b, B] the previous block's tokens
+  first: jax.Array  # [b, V] slot 0's logits, saved by the block's first forward
   block: jax.Array  # [b, B] placed tokens, [MASK] elsewhere
   masked: jax.Array  # [b, B] slots still to reveal (within budget, row not done)
   out: jax.Array  # [b, blocks * B]
@@ -81,15 +88,27 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
 
   def body(c: _Carry):
     start = lengths[:, None] + c.blk * size + slot  # positions of the block's slots
-    has_pending = c.blk > 0
-    window = jnp.concatenate([c.pending, c.block], axis=1)
-    pos = jnp.concatenate([jnp.where(has_pending, start - size, 0), start], axis=1)
-    seg = jnp.concatenate([ones * has_pending.astype(jnp.int32), ones], axis=1)
-    cache = dataclasses.replace(c.cache, index=width + c.blk * size)
-    logits, cache = model.forward_cached(window, cache, positions=pos, segment_ids=seg)
-    slot_logits = logits[:, size - 1:2 * size - 1]
-    slot_logits = slot_logits.at[:, 0].set(
-        jnp.where(has_pending, slot_logits[:, 0], first_logits))
+
+    def opening(cache):  # [previous block | block]: writes the previous block for good
+      has_pending = c.blk > 0
+      window = jnp.concatenate([c.pending, c.block], axis=1)
+      pos = jnp.concatenate([jnp.where(has_pending, start - size, 0), start], axis=1)
+      seg = jnp.concatenate([ones * has_pending.astype(jnp.int32), ones], axis=1)
+      cache = dataclasses.replace(cache, index=width + c.blk * size)
+      logits, cache = model.forward_cached(window, cache, positions=pos, segment_ids=seg)
+      slot_logits = logits[:, size - 1:2 * size - 1]
+      slot_logits = slot_logits.at[:, 0].set(
+          jnp.where(has_pending, slot_logits[:, 0], c.first))
+      return slot_logits, cache
+
+    def later(cache):  # the block alone, as scratch where the block lives
+      cache = dataclasses.replace(cache, index=width + (c.blk + 1) * size)
+      logits, cache = model.forward_cached(c.block, cache, positions=start, segment_ids=ones)
+      slot_logits = jnp.concatenate([c.first[:, None].astype(logits.dtype),
+                                     logits[:, :size - 1]], axis=1)
+      return slot_logits, cache
+
+    slot_logits, cache = jax.lax.cond(c.rnd == 0, opening, later, c.cache)
     guess, show = planners.plan_step(planner, slot_logits, c.masked, c.rnd, knobs,
                                      c.rnd >= steps - 1)
     block = jnp.where(show, guess, c.block)
@@ -101,12 +120,13 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
     done = c.done | (full & jnp.any(jnp.isin(block, stop_ids) & kept, axis=1))
     blk = c.blk + full.astype(jnp.int32)
     return _Carry(cache, blk, jnp.where(full, 0, c.rnd + 1),
-                  jnp.where(full, block, c.pending),
+                  jnp.where(full, block, c.pending), slot_logits[:, 0],
                   jnp.where(full, mask_id, block),
                   jnp.where(full, todo(blk, done), masked), out, done, c.forwards + 1)
 
   done = jnp.zeros((b,), bool)
   carry = _Carry(cache, jnp.int32(0), jnp.int32(0), jnp.full((b, size), pad_id, jnp.int32),
+                 first_logits,
                  jnp.full((b, size), mask_id, jnp.int32), todo(0, done),
                  jnp.full((b, blocks * size), pad_id, jnp.int32), done, jnp.int32(0))
   c = jax.lax.while_loop(cond, body, carry)

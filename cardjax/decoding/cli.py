@@ -25,6 +25,20 @@ def _tokenizer(checkpoint_dir: Path, explicit: str, model_cfg):
 
 
 def run_generate(args) -> None:
+  """Restore on a mesh of all local devices (fsdp: parameters and batch rows sharded, the
+  KV cache with them) and decode under it; on one device the mesh is trivial."""
+  import contextlib
+
+  import jax
+
+  from cardjax.parallel import make_mesh
+
+  mesh = make_mesh(1, -1, 1) if jax.device_count() > 1 else None
+  with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+    _generate(args, mesh)
+
+
+def _generate(args, mesh) -> None:
   from cardjax import checkpoint
   from cardjax.decoding.methods import Options, check_method, make_decoder
 
@@ -33,7 +47,7 @@ def run_generate(args) -> None:
   run_config = checkpoint.read_run_config(root) if root.is_dir() else None
   objective = args.objective or (run_config or {}).get("objective", {}).get("name")
   check_method(args.method, objective, where=str(root))
-  model, step = checkpoint.restore_model(root)
+  model, step = checkpoint.restore_model(root, mesh=mesh)
   tokenizer = _tokenizer(root, args.tokenizer, model.cfg)
   if args.prompt is not None:
     texts = [args.prompt]
