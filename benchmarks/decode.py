@@ -89,6 +89,7 @@ def main() -> None:
   parser.add_argument("--batches", default="1,4,16")
   parser.add_argument("--taus", default="1.0,0.95,0.9,0.8,0.6")
   parser.add_argument("--card-taus", default="0.9,0.7,0.5")
+  parser.add_argument("--repeats", type=int, default=3, help="timings per row; the fastest")
   args = parser.parse_args()
   workdir = Path(args.workdir).absolute()
   batches = [int(b) for b in args.batches.split(",")]
@@ -104,13 +105,13 @@ def main() -> None:
   print("== 2/3 arith: AR SFT vs MARS\n" + suite.HEADER, flush=True)
   rows = suite.arith_rows(loaded["sft"], loaded["mars"], n_arith, batches,
                           [float(t) for t in args.taus.split(",")], block=4, cache_block=16,
-                          max_new_tokens=96)
+                          max_new_tokens=96, repeats=args.repeats)
   print("== 3/3 code: AR vs CARD and MDLM\n" + suite.HEADER, flush=True)
   rows += suite.code_rows(loaded["ar"], {"card": loaded["card"],
                                          "card_half": loaded["card_half"]},
                           loaded["mdlm"], n_code, prompt_len=32, batches=batches,
                           taus=[float(t) for t in args.card_taus.split(",")], block=8,
-                          max_new_tokens=64)
+                          max_new_tokens=64, repeats=args.repeats)
   (workdir / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
   (workdir / "decode.md").write_text(suite.table(rows) + "\n")
   try:

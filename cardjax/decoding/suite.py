@@ -55,13 +55,16 @@ def _row(task, model, method, setting, run: evaluate.Run, base: evaluate.Run | N
 
 def arith_rows(sft: LoadedRun, mars: LoadedRun, n: int, batches: Sequence[int],
                taus: Sequence[float], block: int, cache_block: int, max_new_tokens: int,
-               log=print) -> list[dict]:
+               log=print, repeats: int = 1) -> list[dict]:
   """AR (SFT model), MARS sweeps and self-verified MARS on the arith test problems."""
   tok = sft.tokenizer
   prompts, answers = evaluate.arith_problems(sft.config, tok, n)
   base_opt = Options(max_new_tokens=max_new_tokens, stop_ids=tok.stop_ids, pad_id=tok.pad_id,
                      block=block)
   rows = []
+
+  def timed(decode, prompts_, batch_):
+    return evaluate.timed(decode, prompts_, batch_, repeats)
 
   def add(run_, model_name, method, setting, base):
     em = evaluate.exact_match(run_.rows, answers, tok)
@@ -70,9 +73,9 @@ def arith_rows(sft: LoadedRun, mars: LoadedRun, n: int, batches: Sequence[int],
     return run_
 
   for batch in batches:
-    ar = add(evaluate.timed(make_decoder("ar", sft.model, sft.objective, base_opt), prompts,
+    ar = add(timed(make_decoder("ar", sft.model, sft.objective, base_opt), prompts,
                             batch), "sft", "ar", "kv cache", None)
-    mars_ar = add(evaluate.timed(make_decoder("ar", mars.model, mars.objective, base_opt),
+    mars_ar = add(timed(make_decoder("ar", mars.model, mars.objective, base_opt),
                                  prompts, batch), "mars", "ar", "kv cache", ar)
     for tau in taus:
       opt = dataclasses.replace(base_opt, tau=tau)
@@ -81,11 +84,11 @@ def arith_rows(sft: LoadedRun, mars: LoadedRun, n: int, batches: Sequence[int],
         settings.append((dataclasses.replace(opt, cache_block=cache_block),
                          f"tau={tau} cache{cache_block}"))
       for opt_, setting in settings:
-        got = add(evaluate.timed(make_decoder("mars", mars.model, mars.objective, opt_),
+        got = add(timed(make_decoder("mars", mars.model, mars.objective, opt_),
                                  prompts, batch), "mars", "mars", setting, ar)
         if tau == 1.0:  # the invariant: MARS at tau = 1 is AR greedy
           rows[-1]["equals_ar"] = got.rows == mars_ar.rows
-    verified = add(evaluate.timed(make_decoder(
+    verified = add(timed(make_decoder(
         "mars", mars.model, mars.objective, dataclasses.replace(base_opt, verify=True)),
         prompts, batch), "mars", "mars --verify", f"B={block}", ar)
     rows[-1]["equals_ar"] = verified.rows == mars_ar.rows
@@ -94,7 +97,7 @@ def arith_rows(sft: LoadedRun, mars: LoadedRun, n: int, batches: Sequence[int],
 
 def code_rows(ar: LoadedRun, cards: dict, mdlm: LoadedRun | None, n: int, prompt_len: int,
               batches: Sequence[int], taus: Sequence[float], block: int, max_new_tokens: int,
-              log=print) -> list[dict]:
+              log=print, repeats: int = 1) -> list[dict]:
   """AR, CARD (each of `cards`: name -> run) and MDLM continuations of code prompts."""
   tok = ar.tokenizer
   prompts = evaluate.code_prompts(ar.config, tok, n, prompt_len)
@@ -109,7 +112,8 @@ def code_rows(ar: LoadedRun, cards: dict, mdlm: LoadedRun | None, n: int, prompt
     return run_
 
   def go(run: LoadedRun, method, opt, batch):
-    return evaluate.timed(make_decoder(method, run.model, run.objective, opt), prompts, batch)
+    return evaluate.timed(make_decoder(method, run.model, run.objective, opt), prompts, batch,
+                          repeats)
 
   for batch in batches:
     base = add(go(ar, "ar", base_opt, batch), "ar", "ar", "kv cache", None)
