@@ -6,7 +6,8 @@ from cardjax.data.tokenizer import train_bpe
 from cardjax.model import ModelConfig, create_model
 
 
-def test_generate_ar_and_mars(tmp_path, capsys):
+def _import_checkpoint(tmp_path):
+  """A random tiny model with a trained BPE, imported from an HF folder (no run config)."""
   tok = train_bpe(["alpha beta gamma delta"] * 20, 300, tmp_path / "hf")
   model = create_model(ModelConfig(vocab_size=320, hidden_size=32, intermediate_size=64,
                                    num_layers=1, mask_token_id=tok.mask_id, eos_token_id=0),
@@ -14,6 +15,10 @@ def test_generate_ar_and_mars(tmp_path, capsys):
   hf.save_pretrained(model, tmp_path / "hf", assets_from=tmp_path / "hf")
   assert main(["import-hf", str(tmp_path / "hf"), str(tmp_path / "ck"),
                "--mask-token-id", str(tok.mask_id)]) == 0
+
+
+def test_generate_ar_and_mars(tmp_path, capsys):
+  _import_checkpoint(tmp_path)
   capsys.readouterr()
   args = ["generate", "--checkpoint", str(tmp_path / "ck"), "--prompt", "alpha beta",
           "--max-new-tokens", "6"]
@@ -37,13 +42,7 @@ def test_generate_ar_and_mars(tmp_path, capsys):
 
 
 def test_generate_batches_a_prompt_file_on_the_device_mesh(tmp_path, capsys):
-  tok = train_bpe(["alpha beta gamma delta"] * 20, 300, tmp_path / "hf")
-  model = create_model(ModelConfig(vocab_size=320, hidden_size=32, intermediate_size=64,
-                                   num_layers=1, mask_token_id=tok.mask_id, eos_token_id=0),
-                       seed=0)
-  hf.save_pretrained(model, tmp_path / "hf", assets_from=tmp_path / "hf")
-  assert main(["import-hf", str(tmp_path / "hf"), str(tmp_path / "ck"),
-               "--mask-token-id", str(tok.mask_id)]) == 0
+  _import_checkpoint(tmp_path)
   (tmp_path / "prompts.txt").write_text("alpha\nbeta gamma\n\ndelta alpha beta\n")
   base = ["generate", "--checkpoint", str(tmp_path / "ck"), "--prompts",
           str(tmp_path / "prompts.txt"), "--max-new-tokens", "5", "--batch", "2"]

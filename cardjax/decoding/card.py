@@ -47,9 +47,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from cardjax.decoding import planners
+from cardjax.decoding import blocks, planners
 from cardjax.decoding.ar import Generation
-from cardjax.decoding.prompts import left_pad
 from cardjax.model.cache import KVCache
 
 
@@ -145,22 +144,8 @@ def generate(model, prompts, max_new_tokens: int, block: int, planner: str = "co
   steps: at most this many forwards per block, the last revealing every slot left (None:
   no limit). mask_id: default model.cfg.mask_token_id. `forwards` counts window forwards
   after the prefill (DUS: blocks * log2 B with no stop)."""
-  plan = planners.Planner(planner, block, base, spacing)
-  knobs = planners.make_knobs(tau, gamma, remask, g0)
-  steps = planners.check_steps(steps, block)
-  if mask_id is None:
-    mask_id = model.cfg.mask_token_id
-  mask_id = planners.check_request(mask_id, model.cfg.vocab_size, max_new_tokens)
-  generated = -(-max_new_tokens // block) * block
-  tokens, positions, segments, lengths = left_pad(
-      prompts, pad_id, model.cfg.max_position_embeddings - generated)
-  graphdef, state = nnx.split(model)
-  stop = jnp.asarray(list(stop_ids) or [-1], jnp.int32)
-  out, count, forwards = _generate(
-      graphdef, state, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segments),
-      jnp.asarray(lengths), stop, jnp.int32(pad_id), jnp.int32(mask_id), knobs,
-      jnp.int32(steps), planner=plan, max_new_tokens=max_new_tokens)
-  return Generation(np.asarray(out), np.asarray(count), int(forwards))
+  return blocks.run(_generate, model, prompts, max_new_tokens, block, planner, tau, gamma,
+                    remask, spacing, base, g0, steps, mask_id, stop_ids, pad_id)
 
 
 @nnx.jit

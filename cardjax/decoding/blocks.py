@@ -1,0 +1,35 @@
+"""The shared front of the block decoders (CARD blocks, MDLM): check the request, left-pad
+the prompts with room for whole blocks, and call the decoder's jitted loop."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from cardjax.decoding import planners
+from cardjax.decoding.ar import Generation
+from cardjax.decoding.prompts import left_pad
+
+
+def run(loop, model, prompts, max_new_tokens: int, block: int, planner: str, tau: float,
+        gamma: float, remask: float, spacing: bool, base: int, g0: int, steps: int | None,
+        mask_id: int | None, stop_ids, pad_id: int, **static) -> Generation:
+  """loop(graphdef, state, tokens, positions, segments, lengths, stop_ids, pad_id, mask_id,
+  knobs, steps, planner=, max_new_tokens=, **static) -> (out, count, forwards)."""
+  plan = planners.Planner(planner, block, base, spacing)
+  knobs = planners.make_knobs(tau, gamma, remask, g0)
+  steps = planners.check_steps(steps, block)
+  if mask_id is None:
+    mask_id = model.cfg.mask_token_id
+  mask_id = planners.check_request(mask_id, model.cfg.vocab_size, max_new_tokens)
+  generated = -(-max_new_tokens // block) * block
+  tokens, positions, segments, lengths = left_pad(
+      prompts, pad_id, model.cfg.max_position_embeddings - generated)
+  graphdef, state = nnx.split(model)
+  stop = jnp.asarray(list(stop_ids) or [-1], jnp.int32)
+  out, count, forwards = loop(
+      graphdef, state, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segments),
+      jnp.asarray(lengths), stop, jnp.int32(pad_id), jnp.int32(mask_id), knobs,
+      jnp.int32(steps), planner=plan, max_new_tokens=max_new_tokens, **static)
+  return Generation(np.asarray(out), np.asarray(count), int(forwards))
