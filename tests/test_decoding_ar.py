@@ -6,16 +6,14 @@ import pytest
 
 from cardjax.decoding import generate, greedy_by_recompute, left_pad
 from cardjax.errors import CardjaxError
-from cardjax.model import ModelConfig, create_model
+from decoding_helpers import PROMPTS, tiny_model
 from cardjax.model.cache import KVCache
 
-CFG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-           num_kv_heads=2, initializer_range=0.3)
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["list", "scan"])
 def model(request):
-  return create_model(ModelConfig(**CFG, scan_layers=request.param), seed=1)
+  return tiny_model(request.param)
 
 
 def test_cached_forward_equals_full_forward(model):
@@ -30,7 +28,6 @@ def test_cached_forward_equals_full_forward(model):
   assert int(cache.index) == 11
 
 
-PROMPTS = [[5, 9, 2, 33, 7], [1], [60, 61, 62], [8, 8, 8, 8, 8, 8, 8, 8]]
 
 
 def test_greedy_with_cache_equals_recompute_batch_1_and_batched(model):

@@ -7,32 +7,20 @@ import pytest
 
 from cardjax.decoding import card, generate
 from cardjax.errors import CardjaxError
-from cardjax.model import ModelConfig, create_model
+from decoding_helpers import PROMPTS, tiny_model
 
-CFG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-           num_kv_heads=2, initializer_range=0.3, mask_token_id=63)
-PROMPTS = [[5, 9, 2, 33, 7], [1], [60, 61, 62], [8, 8, 8, 8, 8, 8, 8, 8]]
-
-
-_MODELS = {}
-
-
-def _model(scan: bool):
-  if scan not in _MODELS:
-    _MODELS[scan] = create_model(ModelConfig(**CFG, scan_layers=scan), seed=1)
-  return _MODELS[scan]
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["list", "scan"])
 def model(request):
   """Both layer layouts, for the invariants that read the KV cache."""
-  return _model(request.param)
+  return tiny_model(request.param)
 
 
 @pytest.fixture(scope="module")
 def list_model():
   """One layout for the rest (each distinct call shape is one more compile)."""
-  return _model(False)
+  return tiny_model(False)
 
 
 def test_left_to_right_is_ar_greedy_token_for_token(model):

@@ -4,14 +4,12 @@ import jax
 import numpy as np
 
 from cardjax.decoding import evaluate, generate
-from cardjax.model import ModelConfig, create_model
+from decoding_helpers import tiny_model
 
-CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
-                  num_heads=4, num_kv_heads=2, initializer_range=0.3)
 
 
 def test_judge_nll_is_the_mean_nll_of_the_generated_tokens():
-  model = create_model(CFG, seed=1)
+  model = tiny_model()
   prompts = [[5, 9, 2], [1], [60, 61, 62, 7, 7]]
   rows = [[4, 4, 8], [9], [1, 2]]
   total, count = 0.0, 0
@@ -25,7 +23,7 @@ def test_judge_nll_is_the_mean_nll_of_the_generated_tokens():
 
 
 def test_timed_counts_rows_forwards_and_tokens():
-  model = create_model(CFG, seed=1)
+  model = tiny_model()
   prompts = [[5, 9, 2], [1], [60, 61, 62], [8] * 20, [3, 3]]
   run = evaluate.timed(lambda chunk: generate(model, chunk, 6), prompts, batch=2)
   assert run.rows == generate(model, prompts, 6).rows()

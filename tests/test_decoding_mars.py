@@ -8,16 +8,13 @@ import pytest
 from cardjax.decoding import generate
 from cardjax.decoding import mars
 from cardjax.errors import CardjaxError
-from cardjax.model import ModelConfig, create_model
+from decoding_helpers import PROMPTS, tiny_model
 
-CFG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-           num_kv_heads=2, initializer_range=0.3, mask_token_id=63)
-PROMPTS = [[5, 9, 2, 33, 7], [1], [60, 61, 62], [8, 8, 8, 8, 8, 8, 8, 8]]
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["list", "scan"])
 def model(request):
-  return create_model(ModelConfig(**CFG, scan_layers=request.param), seed=1)
+  return tiny_model(request.param)
 
 
 def test_tau_one_is_ar_greedy_token_for_token(model):

@@ -6,16 +6,13 @@ import pytest
 from cardjax.decoding import generate
 from cardjax.decoding import mars_block
 from cardjax.errors import CardjaxError
-from cardjax.model import ModelConfig, create_model
+from decoding_helpers import PROMPTS, tiny_model
 
-CFG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-           num_kv_heads=2, initializer_range=0.3, mask_token_id=63)
-PROMPTS = [[5, 9, 2, 33, 7], [1], [60, 61, 62], [8, 8, 8, 8, 8, 8, 8, 8]]
 
 
 @pytest.fixture(scope="module")
 def model():
-  return create_model(ModelConfig(**CFG), seed=1)
+  return tiny_model()
 
 
 @pytest.mark.parametrize("cache_block,block", [(4, 3), (8, 4)])

@@ -1,6 +1,8 @@
 """Self-verified MARS: AR greedy token for token, and up to B + 1 tokens per forward when
 the drafts are right."""
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -8,16 +10,14 @@ import pytest
 from cardjax.decoding import generate
 from cardjax.decoding import mars_verify
 from cardjax.errors import CardjaxError
-from cardjax.model import ModelConfig, create_model
+from cardjax.model import create_model
+from decoding_helpers import CONFIG, PROMPTS, tiny_model
 
-CFG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-           num_kv_heads=2, initializer_range=0.3, mask_token_id=63)
-PROMPTS = [[5, 9, 2, 33, 7], [1], [60, 61, 62], [8, 8, 8, 8, 8, 8, 8, 8]]
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["list", "scan"])
 def model(request):
-  return create_model(ModelConfig(**CFG, scan_layers=request.param), seed=1)
+  return tiny_model(request.param)
 
 
 def test_accept_drafts_arithmetic():
@@ -55,7 +55,7 @@ def test_stop_ids(model):
 def test_right_drafts_give_block_plus_one_tokens_per_forward():
   # Every embedding row equal: every position's input is the same and attention averages
   # identical values, so every output is the same and every mask draft is right.
-  cfg = ModelConfig(**CFG, tie_word_embeddings=False)
+  cfg = dataclasses.replace(CONFIG, tie_word_embeddings=False)
   model = create_model(cfg, seed=2)
   model.embed[...] = jnp.broadcast_to(model.embed[...][:1], model.embed[...].shape)
   block, n = 3, 1 + 2 * (3 + 1)

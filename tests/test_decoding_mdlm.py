@@ -7,17 +7,14 @@ import pytest
 
 from cardjax.decoding import mdlm
 from cardjax.errors import CardjaxError
-from cardjax.model import ModelConfig, create_model
+from decoding_helpers import PROMPTS, tiny_model
 
 # A random causal-LM config, read bidirectionally: the decoder only needs logits.
-CFG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-           num_kv_heads=2, initializer_range=0.3, mask_token_id=63)
-PROMPTS = [[5, 9, 2, 33, 7], [1], [60, 61, 62], [8, 8, 8, 8, 8, 8, 8, 8]]
 
 
 @pytest.fixture(scope="module")
 def model():
-  return create_model(ModelConfig(**CFG), seed=1)
+  return tiny_model()
 
 
 # 10 new tokens in blocks of 4: the last block is cut by the budget.

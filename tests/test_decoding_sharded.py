@@ -6,13 +6,11 @@ import pytest
 
 from cardjax.decoding import generate
 from cardjax.decoding import mars
-from cardjax.model import ModelConfig, create_model
+from cardjax.model import create_model
 from cardjax.model.cache import KVCache
 from cardjax.parallel import make_mesh
+from decoding_helpers import CONFIG as CFG, PROMPTS, tiny_model
 
-CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
-                  num_heads=4, num_kv_heads=2, initializer_range=0.3, mask_token_id=63)
-PROMPTS = [[5, 9, 2, 33, 7], [1], [60, 61, 62], [8, 8, 8, 8, 8, 8, 8, 8]]
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +26,7 @@ def test_cache_is_sharded_on_the_mesh(mesh):
 
 
 def test_mesh_decoding_equals_single_device(mesh):
-  single = create_model(CFG, seed=1)
+  single = tiny_model()
   want_ar = generate(single, PROMPTS, 10).rows()
   want_mars = mars.generate(single, PROMPTS, 10, block=4, tau=0.5, mask_id=63).rows()
   with jax.set_mesh(mesh):
