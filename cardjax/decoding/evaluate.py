@@ -21,6 +21,7 @@ from flax import nnx
 
 from cardjax.data import arith, builders
 from cardjax.data.prepare import builder_options, data_dir
+from cardjax.decoding.prompts import padded_width
 
 
 @dataclasses.dataclass
@@ -80,10 +81,6 @@ def exact_match(rows: Sequence[Sequence[int]], answers: Sequence[str], tokenizer
   return float(np.mean(graded))
 
 
-def _bucket(prompts) -> int:
-  return -(-max(len(p) for p in prompts) // 16)
-
-
 def timed(decode: Callable, prompts: Sequence[Sequence[int]], batch: int,
           repeats: int = 1) -> Run:
   """Decode `prompts` in batches of `batch` with decode(chunk) -> Generation; compile first,
@@ -92,7 +89,7 @@ def timed(decode: Callable, prompts: Sequence[Sequence[int]], batch: int,
   chunks = [list(prompts[i:i + batch]) for i in range(0, len(prompts), batch)]
   seen = set()
   for chunk in chunks:  # one warm-up per compiled shape
-    key = (len(chunk), _bucket(chunk))
+    key = (len(chunk), padded_width(chunk))  # the compiled shape
     if key not in seen:
       seen.add(key)
       decode(chunk)

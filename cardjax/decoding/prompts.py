@@ -13,8 +13,16 @@ import numpy as np
 from cardjax.errors import CardjaxError
 
 
+BUCKET = 16
+
+
+def padded_width(prompts: Sequence[Sequence[int]], bucket: int = BUCKET) -> int:
+  """The width left_pad gives these prompts: the longest, rounded up to `bucket`."""
+  return -(-max(len(p) for p in prompts) // bucket) * bucket
+
+
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, max_context: int | None = None,
-             bucket: int = 16):
+             bucket: int = BUCKET):
   """(tokens, positions, segment_ids, lengths) as int32 numpy arrays [batch, width]."""
   if not prompts:
     raise CardjaxError("no prompts given")
@@ -26,7 +34,7 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, max_context: int | N
   if max_context is not None and width > max_context:
     raise CardjaxError(f"a prompt has {width} tokens, more than the model's context of "
                        f"{max_context} (model.max_position_embeddings)")
-  width = -(-width // bucket) * bucket
+  width = padded_width(prompts, bucket)
   b = len(prompts)
   tokens = np.full((b, width), pad_id, np.int32)
   positions = np.zeros((b, width), np.int32)
