@@ -20,7 +20,6 @@ from cardjax.errors import CheckpointError
 from cardjax.model.config import ModelConfig
 from cardjax.model.create import abstract_model
 from cardjax.model.decoder import Decoder
-from cardjax.parallel.sharding import param_shardings
 
 ASSETS = "hf_assets"
 
@@ -127,12 +126,8 @@ def restore_model(directory: str | Path, step: int | None = None, mesh=None,
       raise CheckpointError(f"{directory}/{step} was saved with model.{key}="
                             f"{getattr(saved, key)!r}; it cannot be restored as {value!r}")
   cfg = ModelConfig.from_dict({**saved.to_dict(), **overrides})
-  graphdef, abstract_state = nnx.split(abstract_model(cfg))
-  if mesh is not None:
-    abstract_state = jax.tree.map(
-        lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s), abstract_state,
-        param_shardings(abstract_state, mesh))
-  else:
+  graphdef, abstract_state = nnx.split(abstract_model(cfg, mesh))
+  if mesh is None:
     # One device, whatever topology saved it (a pod's checkpoint exported on a laptop).
     one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     abstract_state = jax.tree.map(

@@ -1,5 +1,6 @@
 """The trainer: mesh equivalence, accumulation, exact resume, SIGTERM, NaN, bad configs."""
 
+import gc
 import json
 import os
 import signal
@@ -22,7 +23,8 @@ from cardjax.errors import ConfigError
 from cardjax.model import create_model
 from cardjax.objectives import make_objective
 from cardjax.parallel import make_mesh
-from cardjax.train import TrainingError, train
+from cardjax.train import TrainingError, loop, train
+from cardjax.train.checkpointing import TrainCheckpointer
 from cardjax.train.optimizer import make_optimizer
 from cardjax.train.step import make_train_step
 
@@ -115,6 +117,51 @@ def test_loss_falls_and_resume_is_exact(data_dir, tmp_path):
   train(_config(data_dir, "--config.train.steps=8", "--config.train.checkpoint_every=4"),
         tmp_path / "split")
   for a, b in zip(_params(tmp_path / "full"), _params(tmp_path / "split")):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_resume_allocates_only_what_it_restores(data_dir, tmp_path, monkeypatch):
+  """A resumed run initialises nothing (no random model, no optimizer state): no array
+  exists before the restore, every restored array has the sharding a fresh run gives it,
+  and on a data x fsdp x tensor mesh the resumed run equals the straight one."""
+  run = ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2",
+         "--config.train.checkpoint_every=2", "--config.train.eval_every=0"]
+  train(_config(data_dir, *run, "--config.train.steps=2"), tmp_path / "split")
+  real_restore, restored = TrainCheckpointer.restore, {}
+
+  def restore(self, *args):
+    gc.collect()
+    assert [a.shape for a in jax.live_arrays() if id(a) not in before] == []
+    out = real_restore(self, *args)
+    restored["params"], restored["opt_state"] = jax.tree.map(lambda x: x.sharding, out)
+    return out
+
+  def no_init(*_, **__):
+    raise AssertionError("a resumed run must not initialise the model")
+
+  monkeypatch.setattr(loop, "create_model", no_init)
+  monkeypatch.setattr(loop, "_init_model", no_init)
+  monkeypatch.setattr(TrainCheckpointer, "restore", restore)
+  gc.collect()
+  before = {id(a) for a in jax.live_arrays()}
+  config = _config(data_dir, *run, "--config.train.steps=4")
+  train(config, tmp_path / "split")
+  monkeypatch.undo()
+  assert restored, "the second run did not resume"
+  # A fresh start's shardings: create_model's, then the jitted optimizer init's.
+  mesh = make_mesh(2, 2, 2)
+  with jax.set_mesh(mesh):
+    params = nnx.split(create_model(model_config(config), mesh=mesh), nnx.Param)[1]
+    params = params.to_pure_dict()
+    opt_state = jax.jit(make_optimizer(config.train, params).init)(params)
+  for got, fresh in ((restored["params"], params), (restored["opt_state"], opt_state)):
+    want = jax.tree.map(lambda x: x.sharding, fresh)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    assert all(a == b for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+  assert {"fsdp", "tensor"} <= {axis for s in jax.tree.leaves(restored["params"])
+                                for axis in jax.tree.leaves(tuple(s.spec))}
+  train(config, tmp_path / "straight")
+  for a, b in zip(_params(tmp_path / "split"), _params(tmp_path / "straight")):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 

@@ -10,9 +10,17 @@ from cardjax.model.decoder import Decoder
 from cardjax.parallel.sharding import param_shardings
 
 
-def abstract_model(cfg: ModelConfig) -> Decoder:
-  """A Decoder whose parameters are ShapeDtypeStructs: no memory, no compute."""
-  return nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+def abstract_model(cfg: ModelConfig, mesh=None) -> Decoder:
+  """A Decoder whose parameters are ShapeDtypeStructs: no memory, no compute. With a mesh,
+  each carries the sharding create_model gives it there, so a restore into it allocates
+  only the arrays it reads."""
+  model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+  if mesh is None:
+    return model
+  graphdef, state = nnx.split(model)
+  state = jax.tree.map(lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s), state,
+                       param_shardings(state, mesh))
+  return nnx.merge(graphdef, state)
 
 
 def create_model(cfg: ModelConfig, seed: int = 0, mesh=None) -> Decoder:

@@ -36,7 +36,9 @@ class TrainCheckpointer:
 
   def restore(self, step: int, params_target, opt_target, loader):
     """(params, opt_state) of `step`, each array in its target's sharding; `loader` is put
-    back where it was."""
+    back where it was. The targets are abstract (ShapeDtypeStructs with shardings): the
+    restored arrays are the only ones allocated."""
+    # Shape, dtype and sharding only (a compiled function's out_info also carries layouts).
     as_struct = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
     out = self.mngr.restore(step, args=ocp.args.Composite(
         params=ocp.args.StandardRestore(jax.tree.map(as_struct, params_target)),

@@ -29,7 +29,7 @@ from cardjax.config import model_config
 from cardjax.data.pipeline import batch_sharding
 from cardjax.data.prepare import make_loader
 from cardjax.errors import CardjaxError
-from cardjax.model import ModelConfig, create_model
+from cardjax.model import ModelConfig, abstract_model, create_model
 from cardjax.objectives import make_objective
 from cardjax.parallel import make_mesh, use_rules
 from cardjax.train import flops
@@ -105,8 +105,9 @@ def _train(config, workdir: Path, mesh) -> dict:
   if latest is not None:
     saved = model_checkpoint.read_model_config(ckpt.directory, latest)
     runtime = {k: config.model[k] for k in RUNTIME_FIELDS}
-    model = create_model(ModelConfig.from_dict({**saved.to_dict(), **runtime}),
-                         seed=config.seed, mesh=mesh)
+    # Shapes and shardings only: the restore below writes every array once, so a resumed
+    # run never holds a random init next to the checkpoint.
+    model = abstract_model(ModelConfig.from_dict({**saved.to_dict(), **runtime}), mesh)
     origin = f"resumed from step {latest}"
   else:
     model, origin = _init_model(config, mesh)
@@ -117,14 +118,18 @@ def _train(config, workdir: Path, mesh) -> dict:
   del model
   tx = make_optimizer(t, params)
   schedule = learning_rate(t)
-  param_sh = jax.tree.map(lambda x: x.sharding, params)
-  opt_state = jax.jit(tx.init)(params)
-  opt_sh = jax.tree.map(lambda x: x.sharding, opt_state)
+  init_opt = jax.jit(tx.init)
   loader = make_loader(config, mesh=mesh)
-  start = 0
-  if latest is not None:
-    params, opt_state = ckpt.restore(latest, params, opt_state, loader)
+  if latest is None:
+    opt_state, start = init_opt(params), 0
+  else:
+    # The optimizer state's target is what init_opt returns, compiled but never run, so it
+    # has exactly the shardings a fresh run's state has.
+    opt_target = init_opt.lower(params).compile().out_info
+    params, opt_state = ckpt.restore(latest, params, opt_target, loader)
     start = latest
+  param_sh = jax.tree.map(lambda x: x.sharding, params)
+  opt_sh = jax.tree.map(lambda x: x.sharding, opt_state)
   log.info("model: %s (%s), objective %s, mesh %s", origin, cfg.model_type, objective.name,
            dict(mesh.shape))
 
