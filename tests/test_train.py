@@ -165,6 +165,36 @@ def test_resume_allocates_only_what_it_restores(data_dir, tmp_path, monkeypatch)
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_validations_score_the_same_batches_from_one_loader(data_dir, tmp_path, monkeypatch):
+  """Each validation of a run scores the first eval_steps batches of the unshuffled split,
+  read by one loader per run."""
+  real_make_loader, real_to_global = loop.make_loader, loop.to_global
+  splits, scored = [], []
+
+  def make_loader(config, split=None, **changes):
+    splits.append(split or config.data.split)
+    return real_make_loader(config, split=split, **changes)
+
+  def to_global(batch, mesh):  # the loop's own use of it: validation batches
+    scored.append({k: v.copy() for k, v in batch.items()})
+    return real_to_global(batch, mesh)
+
+  monkeypatch.setattr(loop, "make_loader", make_loader)
+  monkeypatch.setattr(loop, "to_global", to_global)
+  config = _config(data_dir, "--config.train.steps=4", "--config.train.eval_every=2",
+                   "--config.train.eval_steps=2", "--config.train.checkpoint_every=100")
+  train(config, tmp_path)
+  assert sorted(splits) == ["train", "validation"]
+  evals = [l["step"] for l in map(json.loads, open(tmp_path / "metrics.jsonl"))
+           if "eval/ar_nll" in l]
+  assert evals == [2, 4] and len(scored) == 4
+  with real_make_loader(config, split="validation", shuffle=False) as fresh:
+    first = [next(fresh) for _ in range(2)]
+  for got, want in zip(scored, first + first):
+    for k in want:
+      np.testing.assert_array_equal(got[k], want[k])
+
+
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
   config = _config(data_dir, "--config.train.steps=40", "--config.train.checkpoint_every=2",
                    "--config.train.lr=1e12", "--config.train.grad_clip=0",
