@@ -21,7 +21,8 @@ def mesh():
 def test_cache_is_sharded_on_the_mesh(mesh):
   with jax.set_mesh(mesh):
     cache = jax.jit(lambda: KVCache.create(CFG, 4, 16))()
-  assert cache.k.sharding.spec[1:4] == ("data", None, "tensor")
+  spec = tuple(cache.k.sharding.spec) + (None,) * 5  # PartitionSpec drops trailing Nones
+  assert spec[:5] == (None, "data", "tensor", None, None)  # [layers, batch, kv, slots, dim]
   assert cache.segments.sharding.spec[0] == "data"
 
 

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cardjax.attention import (BIDIRECTIONAL, CAUSAL, CLEAN, NOISY, MaskSpec, dense_mask,
-                               reference_attention)
+from cardjax.attention import (BIDIRECTIONAL, CAUSAL, CLEAN, NOISY, MaskSpec, cache_attention,
+                               dense_mask, reference_attention)
 from cardjax.attention.masks import KINDS
 from cardjax.model import ModelConfig, create_model
 from conftest import cardjax_logits, max_abs_diff
@@ -223,10 +223,18 @@ def numpy_attention(q, k, v, mask, scale):
   return out
 
 
+def cache_layout_attention(q, k, v, spec, q_meta, k_meta, scale=None):
+  """cache_attention on k, v moved into the KV cache's [batch, kv_heads, slots, dim]."""
+  return cache_attention(q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), spec, q_meta,
+                         k_meta, scale=scale)
+
+
+@pytest.mark.parametrize("attention", [reference_attention, cache_layout_attention],
+                         ids=["reference", "cache_layout"])
 @pytest.mark.parametrize("spec", [CAUSAL, MaskSpec("dual_stream", 2), MaskSpec("bd3lm", 3)],
                          ids=lambda s: s.kind)
 @pytest.mark.parametrize("scale", [None, 0.3])
-def test_reference_attention_matches_numpy(spec, scale):
+def test_reference_attention_matches_numpy(spec, scale, attention):
   rng = np.random.default_rng(0)
   b, tq, tk, h, kvh, d = 2, 7, 9, 4, 2, 8
   q = rng.normal(size=(b, tq, h, d)).astype(np.float32)
@@ -241,8 +249,8 @@ def test_reference_attention_matches_numpy(spec, scale):
 
   mask = loop_mask(spec.kind, spec.block_size, q_meta, k_meta)
   assert not mask[1, 4].any()
-  out = np.asarray(reference_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), spec,
-                                       q_meta, k_meta, scale=scale))
+  out = np.asarray(attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), spec, q_meta,
+                             k_meta, scale=scale))
   assert out.shape == (b, tq, h, d) and out.dtype == np.float32
   assert np.all(np.isfinite(out)), "a query that sees nothing must not produce NaN/inf"
   want = numpy_attention(q, k, v, mask, d ** -0.5 if scale is None else scale)
@@ -251,24 +259,28 @@ def test_reference_attention_matches_numpy(spec, scale):
   np.testing.assert_allclose(out[rows], want[rows], atol=1e-5, rtol=1e-5)
 
 
-def test_reference_attention_gqa_grouping():
+@pytest.mark.parametrize("attention", [reference_attention, cache_layout_attention],
+                         ids=["reference", "cache_layout"])
+def test_reference_attention_gqa_grouping(attention):
   """Query heads 0-1 read kv head 0 and heads 2-3 read kv head 1 (HF's repeat_interleave)."""
   b, t, d = 1, 3, 4
   q = jnp.ones((b, t, 4, d))
   k = jnp.zeros((b, t, 2, d))
   v = jnp.stack([jnp.full((b, t, d), 1.0), jnp.full((b, t, d), 2.0)], axis=2)
   meta = (jnp.arange(t)[None], jnp.zeros((1, t), jnp.int32), jnp.ones((1, t), jnp.int32))
-  out = np.asarray(reference_attention(q, k, v, CAUSAL, meta, meta))
+  out = np.asarray(attention(q, k, v, CAUSAL, meta, meta))
   np.testing.assert_array_equal(out[0, :, :2], 1.0)
   np.testing.assert_array_equal(out[0, :, 2:], 2.0)
 
 
-def test_reference_attention_rejects_bad_grouping():
+@pytest.mark.parametrize("attention", [reference_attention, cache_layout_attention],
+                         ids=["reference", "cache_layout"])
+def test_reference_attention_rejects_bad_grouping(attention):
   q = jnp.zeros((1, 2, 3, 4))
   k = jnp.zeros((1, 2, 2, 4))
   meta = (jnp.zeros((1, 2), jnp.int32),) * 3
   with pytest.raises(ValueError, match="3 query heads"):
-    reference_attention(q, k, k, CAUSAL, meta, meta)
+    attention(q, k, k, CAUSAL, meta, meta)
 
 
 # --- the masks inside the decoder --------------------------------------------------------

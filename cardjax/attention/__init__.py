@@ -1,7 +1,7 @@
 """Attention: mask specs and the implementations that honour them."""
 
 from cardjax.attention.masks import BIDIRECTIONAL, CAUSAL, CLEAN, NOISY, MaskSpec
-from cardjax.attention.reference import dense_mask, reference_attention
+from cardjax.attention.reference import cache_attention, dense_mask, reference_attention
 from cardjax.attention.structured import TWO_STREAM_KINDS, structured_attention
 
 # "xla": the dense reference, except the two-stream kinds (dual_stream, bd3lm) over a
@@ -40,4 +40,4 @@ def attend(q, k, v, spec: MaskSpec, q_meta, k_meta, impl: str = "xla",
 
 
 __all__ = ["MaskSpec", "CAUSAL", "BIDIRECTIONAL", "CLEAN", "NOISY", "STRUCTURED_TWO_STREAM",
-           "attend", "dense_mask", "reference_attention", "structured_attention"]
+           "attend", "cache_attention", "dense_mask", "reference_attention", "structured_attention"]

@@ -35,3 +35,27 @@ def reference_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, scale: float | 
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v)
   return out.reshape(b, tq, h, d)
+
+
+def cache_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, scale: float | None = None):
+  """reference_attention over keys and values in the KV cache's layout.
+
+  q: [batch, q_len, heads, head_dim]; k, v: [batch, kv_heads, slots, head_dim] (slots next
+  to head_dim, as KVCache stores them). The same math as reference_attention; only the
+  small query and output are transposed, never the cache, which each decoding forward
+  reads once per layer.
+  """
+  b, tq, h, d = q.shape
+  kvh = k.shape[1]
+  if h % kvh:
+    raise ValueError(f"{h} query heads are not a multiple of {kvh} kv heads")
+  g = h // kvh
+  scale = d ** -0.5 if scale is None else scale
+  qg = q.reshape(b, tq, kvh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kvh, g * tq, d)
+  scores = jnp.einsum("bkqd,bksd->bkqs", qg, k, preferred_element_type=jnp.float32) * scale
+  scores = scores.reshape(b, kvh, g, tq, -1)
+  mask = dense_mask(spec, q_meta, k_meta)[:, None, None]
+  scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kvh, g * tq, -1)
+  out = jnp.einsum("bkqs,bksd->bkqd", probs, v)
+  return out.reshape(b, kvh, g, tq, d).transpose(0, 3, 1, 2, 4).reshape(b, tq, h, d)

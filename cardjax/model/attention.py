@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from cardjax import attention as attn_lib
+from cardjax.model.cache import write_slots
 from cardjax.model.config import ModelConfig
 from cardjax.model.layers import param
 from cardjax.model.rope import apply_rope, inverse_frequencies
@@ -59,14 +60,19 @@ class Attention(nnx.Module):
     ctx = attn_lib.attend(q, k, v, spec, meta, meta, impl=self.impl)
     return self.output(ctx)
 
-  def cached(self, x, meta, spec, k_cache, v_cache, k_meta, index):
+  def cached(self, x, meta, spec, k_all, v_all, layer, k_meta, index):
     """Attend over the cache after writing this call's keys/values at `index`.
 
-    k_cache, v_cache: [batch, slots, kv_heads, head_dim]; k_meta: the slots' metadata with
-    this call's tokens already written. Returns (output, k_cache, v_cache)."""
+    k_all, v_all: every layer's cache [layers, batch, kv_heads, slots, head_dim]; this
+    layer's part is written in place (the arrays are loop-carried: no copy) and read where
+    it lies. layer: this layer's index (an int, or traced under scan). index: the first
+    slot to write, shared or per row (KVCache.index). k_meta: the slots' metadata with
+    this call's tokens already written. Returns (output, k_all, v_all)."""
     q, k, v = self.project(x, meta)
-    k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, index, 0, 0))
-    v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, index, 0, 0))
-    ctx = attn_lib.reference_attention(q, k_cache.astype(q.dtype), v_cache.astype(q.dtype),
-                                       spec, meta, k_meta)
-    return self.output(ctx), k_cache, v_cache
+    k_all = write_slots(k_all, k.transpose(0, 2, 1, 3).astype(k_all.dtype), index, layer)
+    v_all = write_slots(v_all, v.transpose(0, 2, 1, 3).astype(v_all.dtype), index, layer)
+    k_layer = jax.lax.dynamic_index_in_dim(k_all, layer, keepdims=False)
+    v_layer = jax.lax.dynamic_index_in_dim(v_all, layer, keepdims=False)
+    ctx = attn_lib.cache_attention(q, k_layer.astype(q.dtype), v_layer.astype(q.dtype), spec,
+                                   meta, k_meta)
+    return self.output(ctx), k_all, v_all

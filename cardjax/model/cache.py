@@ -18,7 +18,10 @@ from cardjax.parallel.sharding import constrain
 
 # Under a mesh (jax.set_mesh) the cache is laid out like the activations that fill it: rows
 # over the data axes, kv heads over tensor, so a batched decode never gathers the cache.
-KV_AXES = ("layers", "act_batch", "act_seq", "act_kv_heads", "head_dim")
+# Slots sit next to head_dim ([.., kv_heads, slots, head_dim]): that is the operand layout of
+# the attention matmuls, so a forward reads the cache where it lies instead of transposing
+# every layer's keys and values into it first (on CPU that copy cost more than the matmuls).
+KV_AXES = ("layers", "act_batch", "act_kv_heads", "act_seq", "head_dim")
 META_AXES = ("act_batch", "act_seq")
 
 EMPTY_SEGMENT = -1
@@ -27,17 +30,19 @@ EMPTY_SEGMENT = -1
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class KVCache:
-  k: jax.Array  # [layers, batch, slots, kv_heads, head_dim]
+  k: jax.Array  # [layers, batch, kv_heads, slots, head_dim]
   v: jax.Array
   positions: jax.Array  # [batch, slots] int32
   streams: jax.Array  # [batch, slots] int32
   segments: jax.Array  # [batch, slots] int32, EMPTY_SEGMENT where nothing is written
-  index: jax.Array  # int32 scalar: the next slot to write
+  # int32: the next slot to write; a scalar (every row writes the same slots) or [batch]
+  # (each row its own: see per_row).
+  index: jax.Array
 
   @classmethod
   def create(cls, cfg: ModelConfig, batch: int, slots: int, dtype=None) -> "KVCache":
     dtype = jnp.dtype(dtype or cfg.dtype)
-    shape = (cfg.num_layers, batch, slots, cfg.num_kv_heads, cfg.resolved_head_dim)
+    shape = (cfg.num_layers, batch, cfg.num_kv_heads, slots, cfg.resolved_head_dim)
     meta = constrain(jnp.zeros((batch, slots), jnp.int32), META_AXES)
     zeros = constrain(jnp.zeros(shape, dtype), KV_AXES)
     return cls(k=zeros, v=zeros, positions=meta, streams=meta,
@@ -45,16 +50,41 @@ class KVCache:
 
   @property
   def slots(self) -> int:
-    return self.k.shape[2]
+    return self.k.shape[3]
+
+  def per_row(self) -> "KVCache":
+    """The cache with one write index per row, all at the shared one. Rows that commit
+    different numbers of tokens per forward (MARS) then keep their slots packed instead of
+    all advancing by the longest row: fewer slots for every forward's attention to read."""
+    b = self.segments.shape[0]
+    return dataclasses.replace(self, index=jnp.broadcast_to(self.index, (b,)))
 
   def write_meta(self, meta) -> "KVCache":
     """The cache with the new tokens' metadata at [index, index + t)."""
-    at = (0, self.index)
     pos, streams, seg = meta
-    return dataclasses.replace(
-        self, positions=jax.lax.dynamic_update_slice(self.positions, pos, at),
-        streams=jax.lax.dynamic_update_slice(self.streams, streams, at),
-        segments=jax.lax.dynamic_update_slice(self.segments, seg, at))
+    return dataclasses.replace(self, positions=write_slots(self.positions, pos, self.index),
+                               streams=write_slots(self.streams, streams, self.index),
+                               segments=write_slots(self.segments, seg, self.index))
 
   def key_meta(self):
     return self.positions, self.streams, self.segments
+
+
+def write_slots(buf, new, index, layer=None):
+  """buf with `new` written over t slots from `index` (a scalar, or one per row).
+
+  buf: [batch, slots] metadata with new [batch, t]; or, with `layer`, a whole cache array
+  [layers, batch, kv_heads, slots, head_dim] with new [batch, kv_heads, t, head_dim] for
+  that layer. A shared index is a dynamic_update_slice, a per-row one a scatter; both
+  update the loop-carried buffer in place."""
+  t = new.shape[-2] if layer is not None else new.shape[-1]
+  if jnp.ndim(index) == 0:
+    if layer is None:
+      return jax.lax.dynamic_update_slice(buf, new, (0, index))
+    return jax.lax.dynamic_update_slice(buf, new[None], (layer, 0, 0, index, 0))
+  rows = jnp.arange(new.shape[0])[:, None]
+  slots = index[:, None] + jnp.arange(t)[None]
+  if layer is None:
+    return buf.at[rows, slots].set(new)
+  # Advanced indices split by a slice put their [batch, t] dims first: new as [b, t, kv, d].
+  return buf.at[layer, rows, :, slots].set(new.transpose(0, 2, 1, 3))

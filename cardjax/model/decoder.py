@@ -42,11 +42,11 @@ class Block(nnx.Module):
     x = x + self.mlp(self.mlp_norm(x))
     return constrain(x, ("act_batch", "act_seq", "act_embed"))
 
-  def cached(self, x, meta, spec, k_cache, v_cache, k_meta, index):
-    out, k_cache, v_cache = self.attn.cached(self.attn_norm(x), meta, spec, k_cache, v_cache,
-                                             k_meta, index)
+  def cached(self, x, meta, spec, k_all, v_all, layer, k_meta, index):
+    out, k_all, v_all = self.attn.cached(self.attn_norm(x), meta, spec, k_all, v_all, layer,
+                                         k_meta, index)
     x = x + out
-    return x + self.mlp(self.mlp_norm(x)), k_cache, v_cache
+    return x + self.mlp(self.mlp_norm(x)), k_all, v_all
 
 
 def _run_block(graphdef, state, x, meta, spec):
@@ -109,22 +109,22 @@ class Decoder(nnx.Module):
     cache = cache.write_meta(meta)
     k_meta, index = cache.key_meta(), cache.index
     x = self._embed(tokens)
+    # Every layer writes its slots of the one [layers, ...] cache in place: carried through
+    # the layers (and the caller's decode loop), never stacked or sliced into a copy.
+    k, v = cache.k, cache.v
     if self.cfg.scan_layers:
       graphdef, state = nnx.split(self.layers)
 
-      def body(h, layer):
-        s, kc, vc = layer
-        h, kc, vc = nnx.merge(graphdef, s).cached(h, meta, spec, kc, vc, k_meta, index)
-        return h, (kc, vc)
+      def body(carry, layer):
+        h, k, v = carry
+        s, i = layer
+        h, k, v = nnx.merge(graphdef, s).cached(h, meta, spec, k, v, i, k_meta, index)
+        return (h, k, v), None
 
-      x, (k, v) = jax.lax.scan(body, x, (state, cache.k, cache.v))
+      (x, k, v), _ = jax.lax.scan(body, (x, k, v), (state, jnp.arange(self.cfg.num_layers)))
     else:
-      ks, vs = [], []
       for i, block in enumerate(self.layers):
-        x, kc, vc = block.cached(x, meta, spec, cache.k[i], cache.v[i], k_meta, index)
-        ks.append(kc)
-        vs.append(vc)
-      k, v = jnp.stack(ks), jnp.stack(vs)
+        x, k, v = block.cached(x, meta, spec, k, v, i, k_meta, index)
     cache = dataclasses.replace(cache, k=k, v=v, index=index + tokens.shape[1])
     return self._logits(x), cache
 
