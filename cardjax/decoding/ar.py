@@ -10,13 +10,13 @@ runtime values (changing them does not recompile). Rows that finish early keep s
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from cardjax.decoding.frozen import decode_loop
 from cardjax.decoding.prompts import left_pad
 from cardjax.model.cache import KVCache
 
@@ -44,7 +44,7 @@ def sample_tokens(logits, rng, temperature, top_p):
   return jnp.where(temperature > 0, sampled, greedy)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens"))
+@decode_loop("max_new_tokens")
 def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, pad_id,
               temperature, top_p, rng, max_new_tokens: int):
   model = nnx.merge(graphdef, state)
@@ -85,12 +85,10 @@ def generate(model, prompts, max_new_tokens: int, stop_ids=(), pad_id: int = 0,
   """Decode a batch of token-id prompts (lists of ints) with the KV cache."""
   tokens, positions, segments, lengths = left_pad(
       prompts, pad_id, model.cfg.max_position_embeddings - max_new_tokens)
-  graphdef, state = nnx.split(model)
-  stop = jnp.asarray(list(stop_ids) or [-1], jnp.int32)
-  out, count, forwards = _generate(graphdef, state, jnp.asarray(tokens), jnp.asarray(positions),
-                                   jnp.asarray(segments), jnp.asarray(lengths), stop,
-                                   jnp.int32(pad_id), jnp.float32(temperature),
-                                   jnp.float32(top_p), jax.random.key(seed),
+  stop = np.asarray(list(stop_ids) or [-1], np.int32)
+  out, count, forwards = _generate(model, tokens, positions, segments, lengths, stop,
+                                   np.int32(pad_id), np.float32(temperature),
+                                   np.float32(top_p), jax.random.key(seed),
                                    max_new_tokens=max_new_tokens)
   return Generation(np.asarray(out), np.asarray(count), int(forwards) + 1)
 

@@ -3,9 +3,7 @@ the prompts with room for whole blocks, and call the decoder's jitted loop."""
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from cardjax.decoding import planners
 from cardjax.decoding.ar import Generation
@@ -15,8 +13,9 @@ from cardjax.decoding.prompts import left_pad
 def run(loop, model, prompts, max_new_tokens: int, block: int, planner: str, tau: float,
         gamma: float, remask: float, spacing: bool, base: int, g0: int, steps: int | None,
         mask_id: int | None, stop_ids, pad_id: int, **static) -> Generation:
-  """loop(graphdef, state, tokens, positions, segments, lengths, stop_ids, pad_id, mask_id,
-  knobs, steps, planner=, max_new_tokens=, **static) -> (out, count, forwards)."""
+  """loop(model, tokens, positions, segments, lengths, stop_ids, pad_id, mask_id, knobs,
+  steps, planner=, max_new_tokens=, **static) -> (out, count, forwards), a DecodeLoop;
+  model: an NNX module or a Frozen one."""
   plan = planners.Planner(planner, block, base, spacing)
   knobs = planners.make_knobs(tau, gamma, remask, g0)
   steps = planners.check_steps(steps, block)
@@ -26,10 +25,8 @@ def run(loop, model, prompts, max_new_tokens: int, block: int, planner: str, tau
   generated = -(-max_new_tokens // block) * block
   tokens, positions, segments, lengths = left_pad(
       prompts, pad_id, model.cfg.max_position_embeddings - generated)
-  graphdef, state = nnx.split(model)
-  stop = jnp.asarray(list(stop_ids) or [-1], jnp.int32)
+  stop = np.asarray(list(stop_ids) or [-1], np.int32)
   out, count, forwards = loop(
-      graphdef, state, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segments),
-      jnp.asarray(lengths), stop, jnp.int32(pad_id), jnp.int32(mask_id), knobs,
-      jnp.int32(steps), planner=plan, max_new_tokens=max_new_tokens, **static)
+      model, tokens, positions, segments, lengths, stop, np.int32(pad_id), np.int32(mask_id),
+      knobs, np.int32(steps), planner=plan, max_new_tokens=max_new_tokens, **static)
   return Generation(np.asarray(out), np.asarray(count), int(forwards))

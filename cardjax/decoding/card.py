@@ -39,7 +39,6 @@ Step limit: `steps` forwards per block at most; the steps-th reveals every slot 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import NamedTuple
 
 import jax
@@ -49,6 +48,7 @@ from flax import nnx
 
 from cardjax.decoding import blocks, planners
 from cardjax.decoding.ar import Generation
+from cardjax.decoding.frozen import decode_loop
 from cardjax.model.cache import KVCache
 
 
@@ -65,7 +65,7 @@ class _Carry(NamedTuple):
   forwards: jax.Array
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "planner", "max_new_tokens"))
+@decode_loop("planner", "max_new_tokens")
 def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, pad_id,
               mask_id, knobs, steps, planner: planners.Planner, max_new_tokens: int):
   model = nnx.merge(graphdef, state)

@@ -8,12 +8,12 @@ left to right while their confidence >= tau (tau < 1), always at least one; at t
 exactly one, so the output is AR greedy token for token. tau is a runtime value; the
 confidence rule (RULES: top prob, normalised entropy, top-2 margin) is static.
 
-Cache use: the window is written at `index`; the pending part is real and stays (padding
-slots of rows with fewer pending tokens are invalidated), the mask part is scratch and is
-overwritten by the next window, which starts right after the longest pending run of the
-batch: the cache grows by the most tokens any row committed (at batch 1, exactly the
-accepted tokens), so it needs width + 2B + min(batch, B) * (max_new_tokens + 1) slots, and
-every forward's attention reads that many (not B per possible forward).
+Cache use: each row has its own write index (KVCache.per_row). A row's window is written
+at its index; its pending tokens are real and stay, the rest (padding after a shorter
+pending run, the masks) is scratch, overwritten by the row's next window, which starts
+right after those pending tokens. So a row's cache grows by exactly the tokens it
+committed, the cache needs width + max_new_tokens + 2B slots whatever the batch, and that
+is what every forward's attention reads.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ import numpy as np
 from flax import nnx
 
 from cardjax.decoding.ar import Generation
+from cardjax.decoding.frozen import decode_loop
 from cardjax.decoding.prompts import left_pad
 from cardjax.errors import CardjaxError
-from cardjax.model.cache import EMPTY_SEGMENT, KVCache
+from cardjax.model.cache import KVCache
 
 
 RULES = ("prob", "entropy", "margin")
@@ -85,18 +86,18 @@ def causal_logits(model, seq, width: int):
   return _full_forward(graphdef, state, jnp.asarray(tokens))[0, :len(seq)]
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "block", "max_new_tokens", "rule"))
+@decode_loop("block", "max_new_tokens", "rule")
 def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, pad_id,
               mask_id, tau, block: int, max_new_tokens: int, rule: str):
   model = nnx.merge(graphdef, state)
   b, width = tokens.shape
   steps_max = max_new_tokens  # at least one token per forward
-  # Index advances by max(n_pending) <= B per forward, and in total by at most the tokens
-  # of all rows (each pending token was committed): so min(b, B) * (max_new + 1) + 2B.
-  cache = KVCache.create(model.cfg, b,
-                         width + 2 * block + min(b, block) * (max_new_tokens + 1))
+  # A row's index starts after the prompt less its last token and advances by the tokens
+  # it commits (at most max_new + 1 with that token), then its window writes 2B slots.
+  cache = KVCache.create(model.cfg, b, width + max_new_tokens + 2 * block)
   _, cache = model.forward_cached(tokens[:, :-1], cache, positions=positions[:, :-1],
                                   segment_ids=segments[:, :-1])
+  cache = cache.per_row()
   pending = jnp.full((b, block), pad_id, jnp.int32).at[:, 0].set(tokens[:, -1])
   n_pending = jnp.ones((b,), jnp.int32)
   committed = lengths  # tokens of each row so far (prompt + generated)
@@ -118,13 +119,8 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
     seg = jnp.concatenate([valid.astype(jnp.int32), jnp.ones((b, block), jnp.int32)], axis=1)
     start = cache.index
     logits, cache = model.forward_cached(window, cache, positions=pos, segment_ids=seg)
-    # Keep the real pending keys; padding and mask slots are never visible again.
-    keep = jnp.concatenate([valid, jnp.zeros((b, block), bool)], axis=1)
-    written = jax.lax.dynamic_slice(cache.segments, (0, start), (b, 2 * block))
-    cache = dataclasses.replace(
-        cache, segments=jax.lax.dynamic_update_slice(
-            cache.segments, jnp.where(keep, written, EMPTY_SEGMENT), (0, start)),
-        index=start + jnp.max(n_pending))
+    # Keep the real pending keys: the next window starts after them (a done row stays put).
+    cache = dataclasses.replace(cache, index=start + jnp.where(done, 0, n_pending))
     last = jnp.take_along_axis(logits[:, :block], (n_pending - 1)[:, None, None], axis=1)
     slot_logits = jnp.concatenate([last, logits[:, block:2 * block - 1]], axis=1)
     probs = jax.nn.softmax(slot_logits.astype(jnp.float32), axis=-1)
@@ -154,12 +150,10 @@ def generate(model, prompts, max_new_tokens: int, block: int, tau: float, mask_i
   check_args(tau, block, mask_id, rule)
   tokens, positions, segments, lengths = left_pad(
       prompts, pad_id, model.cfg.max_position_embeddings - max_new_tokens - block)
-  graphdef, state = nnx.split(model)
-  stop = jnp.asarray(list(stop_ids) or [-1], jnp.int32)
+  stop = np.asarray(list(stop_ids) or [-1], np.int32)
   out, count, forwards = _generate(
-      graphdef, state, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segments),
-      jnp.asarray(lengths), stop, jnp.int32(pad_id), jnp.int32(mask_id), jnp.float32(tau),
-      block=block, max_new_tokens=max_new_tokens, rule=rule)
+      model, tokens, positions, segments, lengths, stop, np.int32(pad_id), np.int32(mask_id),
+      np.float32(tau), block=block, max_new_tokens=max_new_tokens, rule=rule)
   return Generation(np.asarray(out), np.asarray(count), int(forwards))
 
 

@@ -18,7 +18,6 @@ first token, counted like AR's first step), each fill and each extension forward
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -27,13 +26,13 @@ from flax import nnx
 
 from cardjax.decoding.ar import Generation
 from cardjax.decoding.mars import accept_count, causal_logits, check_args
+from cardjax.decoding.frozen import decode_loop
 from cardjax.decoding.prompts import left_pad
 from cardjax.errors import CardjaxError
 from cardjax.model.cache import KVCache
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "block", "cache_block",
-                                             "max_new_tokens", "rule"))
+@decode_loop("block", "cache_block", "max_new_tokens", "rule")
 def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, pad_id,
               mask_id, tau, block: int, cache_block: int, max_new_tokens: int, rule: str):
   model = nnx.merge(graphdef, state)
@@ -113,12 +112,11 @@ def generate(model, prompts, max_new_tokens: int, block: int, cache_block: int, 
   span = cache_block * -(-max_new_tokens // cache_block)
   tokens, positions, segments, lengths = left_pad(
       prompts, pad_id, model.cfg.max_position_embeddings - span)
-  graphdef, state = nnx.split(model)
-  stop = jnp.asarray(list(stop_ids) or [-1], jnp.int32)
+  stop = np.asarray(list(stop_ids) or [-1], np.int32)
   out, count, forwards = _generate(
-      graphdef, state, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segments),
-      jnp.asarray(lengths), stop, jnp.int32(pad_id), jnp.int32(mask_id), jnp.float32(tau),
-      block=block, cache_block=cache_block, max_new_tokens=max_new_tokens, rule=rule)
+      model, tokens, positions, segments, lengths, stop, np.int32(pad_id), np.int32(mask_id),
+      np.float32(tau), block=block, cache_block=cache_block, max_new_tokens=max_new_tokens,
+      rule=rule)
   return Generation(np.asarray(out), np.asarray(count), int(forwards))
 
 

@@ -11,16 +11,17 @@ in M_1's slot and the outputs at M_1..M_B predict the B tokens after it: those a
 next drafts. Otherwise the masks were conditioned on a wrong draft, so the next forward
 has none.
 
-Cache use: the window is written at `index`; p and the kept drafts stay, padding, rejected
-drafts and masks are made invisible, and `index` advances by 1 + B per forward (all rows
-share it). `forwards` counts the window forwards (the prefill of all but the last prompt
-token yields nothing), so forwards <= tokens.
+Cache use: each row has its own write index (KVCache.per_row). A row's window is written
+at its index and the index advances past p and the kept drafts, so the rest (padding,
+rejected drafts, masks) is scratch that the row's next window overwrites: the cache holds
+width + max_new_tokens + 2B slots whatever the batch. `forwards` counts the window
+forwards (the prefill of all but the last prompt token yields nothing), so forwards <=
+tokens.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -28,9 +29,10 @@ import numpy as np
 from flax import nnx
 
 from cardjax.decoding.ar import Generation
+from cardjax.decoding.frozen import decode_loop
 from cardjax.decoding.prompts import left_pad
 from cardjax.errors import CardjaxError
-from cardjax.model.cache import EMPTY_SEGMENT, KVCache
+from cardjax.model.cache import KVCache
 
 
 def accept_drafts(drafts, n_drafts, greedy):
@@ -44,15 +46,16 @@ def accept_drafts(drafts, n_drafts, greedy):
   return kept + 1, kept == n_drafts
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "block", "max_new_tokens"))
+@decode_loop("block", "max_new_tokens")
 def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, pad_id,
               mask_id, block: int, max_new_tokens: int):
   model = nnx.merge(graphdef, state)
   b, width = tokens.shape
-  # Forward s writes 1 + 2B slots at width - 1 + s (1 + B); at most max_new_tokens forwards.
-  cache = KVCache.create(model.cfg, b, width - 1 + (1 + block) * max_new_tokens + block)
+  # A live row's index is width - 1 + its tokens so far (< max_new); a window is 1 + 2B.
+  cache = KVCache.create(model.cfg, b, width + max_new_tokens + 2 * block)
   _, cache = model.forward_cached(tokens[:, :-1], cache, positions=positions[:, :-1],
                                   segment_ids=segments[:, :-1])
+  cache = cache.per_row()
   slot = jnp.arange(block)[None]
   verified = jnp.arange(block + 1)[None]
   rows = jnp.arange(b)[:, None]
@@ -75,13 +78,8 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
     guesses = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     greedy, next_drafts = guesses[:, :block + 1], guesses[:, block + 1:]
     commit, all_kept = accept_drafts(drafts, n_drafts, greedy)
-    # The cache keeps p and the kept drafts; the rest of the window is never visible again.
-    keep = jnp.concatenate([verified < commit[:, None], jnp.zeros((b, block), bool)], axis=1)
-    written = jax.lax.dynamic_slice(cache.segments, (0, start), keep.shape)
-    cache = dataclasses.replace(
-        cache, segments=jax.lax.dynamic_update_slice(
-            cache.segments, jnp.where(keep, written, EMPTY_SEGMENT), (0, start)),
-        index=start + 1 + block)
+    # The cache keeps p and the kept drafts: the row's next window starts after them.
+    cache = dataclasses.replace(cache, index=start + jnp.where(done, 0, commit))
     # Output: clip at the first stop token and at the budget; done rows take nothing.
     is_stop = jnp.isin(greedy, stop_ids) & (verified < commit[:, None])
     first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1) + 1,
@@ -118,10 +116,8 @@ def generate(model, prompts, max_new_tokens: int, block: int, mask_id: int, stop
     raise CardjaxError(f"max_new_tokens={max_new_tokens} must be >= 1")
   tokens, positions, segments, lengths = left_pad(
       prompts, pad_id, model.cfg.max_position_embeddings - max_new_tokens - 2 * block)
-  graphdef, state = nnx.split(model)
-  stop = jnp.asarray(list(stop_ids) or [-1], jnp.int32)
+  stop = np.asarray(list(stop_ids) or [-1], np.int32)
   out, count, forwards = _generate(
-      graphdef, state, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segments),
-      jnp.asarray(lengths), stop, jnp.int32(pad_id), jnp.int32(mask_id),
+      model, tokens, positions, segments, lengths, stop, np.int32(pad_id), np.int32(mask_id),
       block=block, max_new_tokens=max_new_tokens)
   return Generation(np.asarray(out), np.asarray(count), int(forwards))

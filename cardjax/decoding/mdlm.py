@@ -17,7 +17,6 @@ stop token; the loop ends when every row is done. `forwards` counts every model 
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
@@ -28,6 +27,7 @@ from flax import nnx
 from cardjax.attention import BIDIRECTIONAL
 from cardjax.decoding import blocks, planners
 from cardjax.decoding.ar import Generation
+from cardjax.decoding.frozen import decode_loop
 
 
 class _Carry(NamedTuple):
@@ -39,8 +39,7 @@ class _Carry(NamedTuple):
   forwards: jax.Array
 
 
-@functools.partial(jax.jit,
-                   static_argnames=("graphdef", "planner", "max_new_tokens", "shift"))
+@decode_loop("planner", "max_new_tokens", "shift")
 def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, pad_id,
               mask_id, knobs, steps, planner: planners.Planner, max_new_tokens: int,
               shift: bool):

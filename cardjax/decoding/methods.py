@@ -12,6 +12,7 @@ import dataclasses
 import functools
 from typing import Callable, Sequence
 
+from cardjax.decoding.frozen import freeze
 from cardjax.errors import CardjaxError
 
 METHODS = ("ar", "mars", "card", "dus", "eb", "cb")
@@ -72,8 +73,10 @@ class Options:
 
 
 def make_decoder(method: str, model, objective: str | None, opt: Options) -> Callable:
-  """decode(prompts) -> Generation for `method` on `model`, after check_method."""
+  """decode(prompts) -> Generation for `method` on `model`, after check_method. The model
+  is frozen (split once, see frozen.py): later updates to the module are not seen."""
   check_method(method, objective)
+  model = freeze(model)
   mask_id = model.cfg.mask_token_id
   common = dict(max_new_tokens=opt.max_new_tokens, stop_ids=tuple(opt.stop_ids),
                 pad_id=opt.pad_id)

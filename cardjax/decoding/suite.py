@@ -15,10 +15,12 @@ benchmarks/decode.py and the demo's decode stage both call `arith_rows` / `code_
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Sequence
 
 from cardjax.decoding import evaluate
+from cardjax.decoding.frozen import Frozen
 from cardjax.decoding.methods import Options, make_decoder
 
 
@@ -28,6 +30,11 @@ class LoadedRun:
   config: object  # the run's full config
   tokenizer: object
   objective: str | None
+
+  @functools.cached_property
+  def frozen(self) -> Frozen:
+    """The model split once: every decoder of the comparison shares its compiled loops."""
+    return Frozen(self.model)
 
 
 def load_run(run_dir: str | Path) -> LoadedRun:
@@ -73,9 +80,9 @@ def arith_rows(sft: LoadedRun, mars: LoadedRun, n: int, batches: Sequence[int],
     return run_
 
   for batch in batches:
-    ar = add(timed(make_decoder("ar", sft.model, sft.objective, base_opt), prompts,
+    ar = add(timed(make_decoder("ar", sft.frozen, sft.objective, base_opt), prompts,
                             batch), "sft", "ar", "kv cache", None)
-    mars_ar = add(timed(make_decoder("ar", mars.model, mars.objective, base_opt),
+    mars_ar = add(timed(make_decoder("ar", mars.frozen, mars.objective, base_opt),
                                  prompts, batch), "mars", "ar", "kv cache", ar)
     for tau in taus:
       opt = dataclasses.replace(base_opt, tau=tau)
@@ -84,12 +91,12 @@ def arith_rows(sft: LoadedRun, mars: LoadedRun, n: int, batches: Sequence[int],
         settings.append((dataclasses.replace(opt, cache_block=cache_block),
                          f"tau={tau} cache{cache_block}"))
       for opt_, setting in settings:
-        got = add(timed(make_decoder("mars", mars.model, mars.objective, opt_),
+        got = add(timed(make_decoder("mars", mars.frozen, mars.objective, opt_),
                                  prompts, batch), "mars", "mars", setting, ar)
         if tau == 1.0:  # the invariant: MARS at tau = 1 is AR greedy
           rows[-1]["equals_ar"] = got.rows == mars_ar.rows
     verified = add(timed(make_decoder(
-        "mars", mars.model, mars.objective, dataclasses.replace(base_opt, verify=True)),
+        "mars", mars.frozen, mars.objective, dataclasses.replace(base_opt, verify=True)),
         prompts, batch), "mars", "mars --verify", f"B={block}", ar)
     rows[-1]["equals_ar"] = verified.rows == mars_ar.rows
   return rows
@@ -112,7 +119,7 @@ def code_rows(ar: LoadedRun, cards: dict, mdlm: LoadedRun | None, n: int, prompt
     return run_
 
   def go(run: LoadedRun, method, opt, batch):
-    return evaluate.timed(make_decoder(method, run.model, run.objective, opt), prompts, batch,
+    return evaluate.timed(make_decoder(method, run.frozen, run.objective, opt), prompts, batch,
                           repeats)
 
   for batch in batches:
