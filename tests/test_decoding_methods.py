@@ -29,3 +29,28 @@ def test_unknown_method_or_objective():
     check_method("beam", "ar")
   with pytest.raises(CardjaxError, match="objective 'gpt'"):
     check_method("ar", "gpt")
+
+
+@pytest.mark.parametrize("method,objective,opt", [
+    ("ar", "ar", {}), ("mars", "mars", {"tau": 0.5}), ("mars", "mars", {"verify": True}),
+    ("card", "card", {"order": "dus", "block": 4})])
+def test_a_frozen_decoder_equals_the_module_and_compiles_once(method, objective, opt):
+  """make_decoder splits the model once; its tokens are the module path's, and a second
+  call (or a second decoder on the same Frozen model) reuses the compiled loop."""
+  from cardjax.decoding import frozen
+  from cardjax.decoding.methods import Options, make_decoder
+  from decoding_helpers import PROMPTS, tiny_model
+
+  model = tiny_model()
+  options = Options(max_new_tokens=9, **opt)
+  decoder = make_decoder(method, model, objective, options)  # partial(generate, Frozen, ...)
+  assert isinstance(decoder.args[0], frozen.Frozen)
+  want = decoder.func(model, PROMPTS, *decoder.args[1:], **decoder.keywords).rows()
+  assert decoder(PROMPTS).rows() == want
+  shared = frozen.freeze(model)
+  assert frozen.freeze(shared) is shared
+  assert make_decoder(method, shared, objective, options)(PROMPTS).rows() == want
+  (loop,) = shared._compiled.values()
+  size = loop._cache_size()
+  assert make_decoder(method, shared, objective, options)(PROMPTS[:2] + PROMPTS[2:]).rows() == want
+  assert loop._cache_size() == size == 1
