@@ -148,8 +148,20 @@ def load_tokenizer(directory: str | Path, mask_token_id: int | None = None) -> T
   return Tokenizer(HFTokenizer.from_file(str(path)), config, str(directory), mask_token_id)
 
 
+# Qwen2's pre-tokenization split (its published tokenizer.json): contractions, letter runs
+# with one leading non-letter, single digits, punctuation runs, newline runs, spaces.
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
 def train_bpe(texts: Iterable[str], vocab_size: int, directory: str | Path) -> Tokenizer:
-  """Train a byte-level BPE (specials at ids 0..3) and save it as a HF folder."""
+  """Train a byte-level BPE (specials at ids 0..3) and save it as a HF folder.
+
+  The normalizer and pre-tokenizer are Qwen2's (NFC, its split regex, byte level): for a
+  folder whose config.json says qwen2, transformers 5 loads the tokenizer as
+  Qwen2Tokenizer, which rebuilds that pipeline around the saved vocab and merges, so an
+  exported model tokenizes exactly as it was trained."""
+  from tokenizers import Regex, normalizers
   from tokenizers import Tokenizer as HFTokenizer
   from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -157,7 +169,10 @@ def train_bpe(texts: Iterable[str], vocab_size: int, directory: str | Path) -> T
     raise CardjaxError(f"a byte-level BPE needs vocab_size >= {256 + len(SPECIALS)}, "
                        f"got {vocab_size}")
   tok = HFTokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.normalizer = normalizers.NFC()
+  tok.pre_tokenizer = pre_tokenizers.Sequence([
+      pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
   tok.decoder = decoders.ByteLevel()
   trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS),
                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
