@@ -44,15 +44,23 @@ def save_model(directory: str | Path, model: Decoder, step: int = 0,
   with manager(directory) as mngr:
     mngr.save(step, args=ocp.args.Composite(**items))
     mngr.wait_until_finished()
-  if assets_from is not None and jax.process_index() == 0:
-    from cardjax.hf import asset_files
-
-    files = asset_files(assets_from)
-    if files:
-      (directory / ASSETS).mkdir(exist_ok=True)
-      for f in files:
-        shutil.copyfile(f, directory / ASSETS / f.name)
+  if assets_from is not None:
+    copy_assets(directory, assets_from)
   return directory
+
+
+def copy_assets(directory: str | Path, source: str | Path) -> None:
+  """Copy the tokenizer files of `source` (a HF or tokenizer folder) into DIR/hf_assets
+  (process 0), where `cardjax export-hf` and `cardjax generate` look for them."""
+  from cardjax.hf import asset_files
+
+  files = asset_files(source)
+  if not files or jax.process_index() != 0:
+    return
+  target = Path(directory) / ASSETS
+  target.mkdir(parents=True, exist_ok=True)
+  for f in files:
+    shutil.copyfile(f, target / f.name)
 
 
 def _existing(directory: str | Path) -> Path:
@@ -142,3 +150,22 @@ def restore_model(directory: str | Path, step: int | None = None, mesh=None,
                             f"model config: {e}") from None
   nnx.replace_by_pure_dict(abstract_state, restored)
   return nnx.merge(graphdef, abstract_state), step
+
+
+def load_tokenizer(directory: str | Path, model_cfg, explicit: str | None = None):
+  """The tokenizer of a checkpoint folder: `explicit` (a HF folder) if given, else its
+  hf_assets/ (an import, or a training run: the trainer copies its tokenizer there), else
+  the one its run config names (a run from before that copy)."""
+  from cardjax.data.tokenizer import load_tokenizer as load_folder
+
+  directory = Path(directory)
+  if explicit:
+    return load_folder(explicit, mask_token_id=model_cfg.mask_token_id)
+  if (directory / ASSETS / "tokenizer.json").is_file():
+    return load_folder(directory / ASSETS, mask_token_id=model_cfg.mask_token_id)
+  config = read_run_config(directory)
+  if config is None:
+    raise CheckpointError(f"{directory} names no tokenizer; pass --tokenizer HF_FOLDER")
+  from cardjax.config import merge_into_base
+  from cardjax.data.prepare import load_data_tokenizer
+  return load_data_tokenizer(merge_into_base(config))

@@ -290,3 +290,35 @@ def test_init_from_hf_and_orbax_and_bf16(data_dir, tmp_path):
   model, _ = checkpoint.restore_model(tmp_path / "mars" / "checkpoints")
   assert model.cfg.dtype == "bfloat16"
   assert all(np.asarray(p).dtype == np.float32 for p in jax.tree.leaves(nnx.state(model)))
+
+
+def test_the_run_keeps_its_tokenizer_for_export_and_generate(data_dir, tmp_path, capsys,
+                                                             monkeypatch):
+  """The trainer copies the run's tokenizer next to its checkpoints: export-hf writes a
+  folder whose tokenizer transformers loads, and generate reads it without the data dir."""
+  from transformers import AutoTokenizer
+
+  import importlib
+
+  from cardjax.cli import main
+  from cardjax.data.prepare import load_data_tokenizer
+
+  prepare_module = importlib.import_module("cardjax.data.prepare")  # the package shadows it
+
+  config = _config(data_dir, "--config.train.steps=2")
+  train(config, tmp_path / "run")
+  ckpt = tmp_path / "run" / "checkpoints"
+  assert (ckpt / checkpoint.ASSETS / "tokenizer.json").is_file()
+  assert main(["export-hf", str(ckpt), str(tmp_path / "hf")]) == 0
+  text = "def f(x):\n    return x + 1\n"
+  ids = load_data_tokenizer(config).encode(text)
+  assert AutoTokenizer.from_pretrained(tmp_path / "hf")(text)["input_ids"] == ids
+
+  def no_data_dir(_):
+    raise AssertionError("generate read the data dir's tokenizer")
+
+  monkeypatch.setattr(prepare_module, "load_data_tokenizer", no_data_dir)
+  capsys.readouterr()
+  assert main(["generate", "--checkpoint", str(tmp_path / "run"), "--prompt", "def f(",
+               "--max-new-tokens", "4"]) == 0
+  assert "method ar" in capsys.readouterr().out

@@ -73,9 +73,14 @@ def prepare(config) -> tuple[object, Tokenizer]:
   return builder, tokenizer
 
 
+def tokenizer_source(config) -> Path:
+  """The folder of the run's tokenizer: data.tokenizer, else the dataset's own BPE."""
+  return Path(config.data.tokenizer) if config.data.tokenizer else tokenizer_dir(config)
+
+
 def load_data_tokenizer(config) -> Tokenizer:
   """The run's tokenizer, checked against the model's vocab and [MASK] id."""
-  path = Path(config.data.tokenizer) if config.data.tokenizer else tokenizer_dir(config)
+  path = tokenizer_source(config)
   if not config.data.tokenizer and not (path / "tokenizer.json").is_file():
     raise CardjaxError(f"the tokenizer of dataset {config.data.dataset} is not built ({path}); "
                        f"run `{build_command(config)}`")

@@ -7,22 +7,6 @@ from pathlib import Path
 
 from cardjax.errors import CardjaxError
 
-def _tokenizer(checkpoint_dir: Path, explicit: str, model_cfg):
-  from cardjax import checkpoint
-  from cardjax.data.tokenizer import load_tokenizer
-
-  if explicit:
-    return load_tokenizer(explicit, mask_token_id=model_cfg.mask_token_id)
-  if (checkpoint_dir / checkpoint.ASSETS / "tokenizer.json").is_file():
-    return load_tokenizer(checkpoint_dir / checkpoint.ASSETS,
-                          mask_token_id=model_cfg.mask_token_id)
-  config = checkpoint.read_run_config(checkpoint_dir)
-  if config is None:
-    raise CardjaxError(f"{checkpoint_dir} names no tokenizer; pass --tokenizer HF_FOLDER")
-  from cardjax.config import merge_into_base
-  from cardjax.data.prepare import load_data_tokenizer
-  return load_data_tokenizer(merge_into_base(config))
-
 
 def run_generate(args) -> None:
   """Restore on a mesh of all local devices (fsdp: parameters and batch rows sharded, the
@@ -48,7 +32,7 @@ def _generate(args, mesh) -> None:
   objective = args.objective or (run_config or {}).get("objective", {}).get("name")
   check_method(args.method, objective, where=str(root))
   model, step = checkpoint.restore_model(root, mesh=mesh)
-  tokenizer = _tokenizer(root, args.tokenizer, model.cfg)
+  tokenizer = checkpoint.load_tokenizer(root, model.cfg, args.tokenizer)
   if args.prompt is not None:
     texts = [args.prompt]
   else:

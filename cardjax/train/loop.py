@@ -27,7 +27,7 @@ from cardjax import checkpoint as model_checkpoint
 from cardjax import hf
 from cardjax.config import model_config
 from cardjax.data.pipeline import batch_sharding, to_global
-from cardjax.data.prepare import make_loader
+from cardjax.data.prepare import make_loader, tokenizer_source
 from cardjax.errors import CardjaxError
 from cardjax.model import ModelConfig, abstract_model, create_model
 from cardjax.objectives import make_objective
@@ -101,6 +101,9 @@ def train(config, workdir: str | Path) -> dict:
 def _train(config, workdir: Path, mesh) -> dict:
   t = config.train
   ckpt = TrainCheckpointer(workdir / "checkpoints", t.keep_checkpoints, t.async_checkpoint)
+  # The tokenizer travels with the checkpoints: export-hf then writes a complete HF folder
+  # and generate needs no data dir.
+  model_checkpoint.copy_assets(ckpt.directory, tokenizer_source(config))
   latest = ckpt.latest_step()
   if latest is not None:
     saved = model_checkpoint.read_model_config(ckpt.directory, latest)
