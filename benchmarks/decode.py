@@ -1,6 +1,6 @@
 """Decoding speed and quality of every method against AR with a KV cache, in one run.
 
-  python benchmarks/decode.py [--workdir runs/bench_decode] [--quick]
+  python benchmarks/decode.py [--workdir runs/bench_decode] [--quick] [--no-train]
 
 1. Builds arith_sft and python_stdlib and trains the models of configs/decode_bench.py
    (sft, then mars from it; ar, card, card_half, mdlm), reusing finished runs.
@@ -10,7 +10,10 @@
    0.5, and MDLM with DUS vs the confidence planner at the same forwards; NLL of the
    continuation under the AR model.
 Prints one table (tokens per forward, tokens/s, speedup over AR at the same batch size,
-quality) and writes results.json, decode.md and decode.png under the workdir.
+quality) and writes results.json, decode.md and decode.png under the workdir (and each row
+to decode_rows.md as it is measured). The prompt sets are saved as ids in inputs.json, and
+the runs carry their tokenizers, so `--no-train` on another machine (a GPU box without the
+datasets) decodes the same prompts with the same models: see docs/decoding.md.
 Needs matplotlib for the PNG (pip install -e '.[bench]').
 """
 
@@ -30,12 +33,23 @@ from cardjax.decoding import suite
 from cardjax.train import train
 
 MODELS = ("sft", "mars", "ar", "card", "card_half", "mdlm")
+PROMPT_LEN = 32  # code prompts: ids taken from held-out documents
 
 
-def train_models(workdir: Path, data_dir: Path, scale: float) -> dict[str, Path]:
+def trained_runs(workdir: Path, names) -> dict[str, Path]:
+  """The finished runs under workdir/runs, without training (another machine's runs)."""
+  runs = {name: workdir / "runs" / name for name in names}
+  missing = [str(p) for p in runs.values() if not (p / "checkpoints").is_dir()]
+  if missing:
+    raise SystemExit(f"--no-train: no trained run at {', '.join(missing)}; train them first "
+                     "(run without --no-train) or copy them there")
+  return runs
+
+
+def train_models(workdir: Path, data_dir: Path, scale: float, names=MODELS) -> dict[str, Path]:
   """Each decode_bench model trained (or resumed to its last step) under workdir/runs."""
   runs = {}
-  for name in MODELS:
+  for name in names:
     flags = [f"--config.data.data_dir={data_dir}", "--config.train.progress=false"]
     if name == "mars":
       flags.append(f"--config.train.init_from={runs['sft'] / 'checkpoints'}")
@@ -79,16 +93,39 @@ def plot(rows: list[dict], path: Path) -> None:
   fig.savefig(path, dpi=120)
 
 
+def inputs(workdir: Path, loaded: dict, n_arith: int, n_code: int, code: bool) -> dict:
+  """The prompt sets, saved as plain ids in workdir/inputs.json on first use and read back
+  after: a machine without the datasets (or with another Python, whose stdlib corpus
+  differs) decodes exactly the same prompts."""
+  path = workdir / "inputs.json"
+  if path.is_file():
+    saved = json.loads(path.read_text())
+    if (len(saved["arith"]["prompts"]) >= n_arith
+        and (not code or len(saved["code"]["prompts"]) >= n_code)):
+      return {"arith": {k: v[:n_arith] for k, v in saved["arith"].items()},
+              "code": {"prompts": saved["code"]["prompts"][:n_code]}}
+  sets = {"arith": suite.arith_inputs(loaded["sft"], n_arith),
+          "code": suite.code_inputs(loaded["ar"], n_code, PROMPT_LEN) if code else
+          {"prompts": []}}
+  path.write_text(json.dumps(sets) + "\n")
+  return sets
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--workdir", default="runs/bench_decode")
   parser.add_argument("--quick", action="store_true", help="short training, few prompts")
+  parser.add_argument("--no-train", action="store_true",
+                      help="use the runs under WORKDIR/runs as they are (copied from the "
+                           "machine that trained them); never train or build data")
   parser.add_argument("--n-arith", type=int, default=128)
   parser.add_argument("--n-code", type=int, default=32)
   parser.add_argument("--batches", default="1,4,16")
   parser.add_argument("--taus", default="1.0,0.95,0.9,0.8,0.6")
   parser.add_argument("--card-taus", default="0.9,0.7,0.5")
+  parser.add_argument("--code-models", default="card,card_half,mdlm",
+                      help="the code models to compare with AR (empty: skip the code task)")
   parser.add_argument("--repeats", type=int, default=3, help="timings per row; the fastest")
   args = parser.parse_args()
   workdir = Path(args.workdir).absolute()
@@ -96,22 +133,30 @@ def main() -> None:
   n_arith, n_code, scale = args.n_arith, args.n_code, 1.0
   if args.quick:
     n_arith, n_code, scale = 32, 16, 0.1
+  code_models = [m for m in args.code_models.split(",") if m]
+  names = ["sft", "mars"] + (["ar"] + code_models if code_models else [])
   print(f"== decode benchmark: {platform.processor() or platform.machine()}, "
         f"{jax.device_count()} x {jax.devices()[0].device_kind}, jax {jax.__version__}")
-  print("== 1/3 train the models (configs/decode_bench.py)", flush=True)
-  runs = train_models(workdir, workdir / "data", scale)
+  if args.no_train:
+    print("== 1/3 the trained runs under " + str(workdir / "runs"), flush=True)
+    runs = trained_runs(workdir, names)
+  else:
+    print("== 1/3 train the models (configs/decode_bench.py)", flush=True)
+    runs = train_models(workdir, workdir / "data", scale, names)
   loaded = {name: suite.load_run(path) for name, path in runs.items()}
+  sets = inputs(workdir, loaded, n_arith, n_code, bool(code_models))
+  log = Log(workdir / "decode_rows.md")
 
   print("== 2/3 arith: AR SFT vs MARS\n" + suite.HEADER, flush=True)
-  rows = suite.arith_rows(loaded["sft"], loaded["mars"], n_arith, batches,
+  rows = suite.arith_rows(loaded["sft"], loaded["mars"], sets["arith"], batches,
                           [float(t) for t in args.taus.split(",")], block=4, cache_block=16,
-                          max_new_tokens=96, repeats=args.repeats)
-  print("== 3/3 code: AR vs CARD and MDLM\n" + suite.HEADER, flush=True)
-  rows += suite.code_rows(loaded["ar"], {"card": loaded["card"],
-                                         "card_half": loaded["card_half"]},
-                          loaded["mdlm"], n_code, prompt_len=32, batches=batches,
-                          taus=[float(t) for t in args.card_taus.split(",")], block=8,
-                          max_new_tokens=64, repeats=args.repeats)
+                          max_new_tokens=96, repeats=args.repeats, log=log)
+  if code_models:
+    print("== 3/3 code: AR vs CARD and MDLM\n" + suite.HEADER, flush=True)
+    rows += suite.code_rows(loaded["ar"], {m: loaded[m] for m in code_models if m != "mdlm"},
+                            loaded.get("mdlm"), sets["code"], batches=batches,
+                            taus=[float(t) for t in args.card_taus.split(",")], block=8,
+                            max_new_tokens=64, repeats=args.repeats, log=log)
   (workdir / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
   (workdir / "decode.md").write_text(suite.table(rows) + "\n")
   try:
@@ -120,6 +165,20 @@ def main() -> None:
   except ImportError:
     print("== no PNG: matplotlib is missing (pip install -e '.[bench]')")
   print(f"== table in {workdir / 'decode.md'}, rows in {workdir / 'results.json'}")
+
+
+class Log:
+  """Prints each row and appends it to a file as it comes, so a run cut short keeps what it
+  measured."""
+
+  def __init__(self, path: Path):
+    self.path = path
+    path.write_text(suite.HEADER + "\n")
+
+  def __call__(self, line: str) -> None:
+    print(line, flush=True)
+    with open(self.path, "a") as f:
+      f.write(line + "\n")
 
 
 if __name__ == "__main__":

@@ -75,10 +75,12 @@ def _decode(workdir: Path) -> list[dict]:
   runs = {name: suite.load_run(workdir / "runs" / name) for name, _, _ in RUNS}
   print("   " + suite.HEADER.replace("\n", "\n   "), flush=True)
   log = lambda line: print("   " + line, flush=True)  # noqa: E731
-  rows = suite.arith_rows(runs["sft"], runs["mars"], n=8, batches=(4,), taus=(1.0, 0.9, 0.7),
-                          block=4, cache_block=8, max_new_tokens=48, log=log)
-  rows += suite.code_rows(runs["ar"], {"card": runs["card"]}, None, n=8, prompt_len=16,
-                          batches=(4,), taus=(0.9, 0.5), block=8, max_new_tokens=32, log=log)
+  rows = suite.arith_rows(runs["sft"], runs["mars"], suite.arith_inputs(runs["sft"], 8),
+                          batches=(4,), taus=(1.0, 0.9, 0.7), block=4, cache_block=8,
+                          max_new_tokens=48, log=log)
+  rows += suite.code_rows(runs["ar"], {"card": runs["card"]}, None,
+                          suite.code_inputs(runs["ar"], 8, prompt_len=16), batches=(4,),
+                          taus=(0.9, 0.5), block=8, max_new_tokens=32, log=log)
   (workdir / "decode.md").write_text(suite.table(rows) + "\n")
   print("   (60-step models: they stop after very different lengths, so tokens/s and speedup "
         "mostly show per-call overhead here; benchmarks/decode.py trains real models and "

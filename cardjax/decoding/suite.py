@@ -41,13 +41,13 @@ def load_run(run_dir: str | Path) -> LoadedRun:
   """The latest checkpoint of a training run with its config, tokenizer and objective."""
   from cardjax import checkpoint
   from cardjax.config import merge_into_base
-  from cardjax.data.prepare import load_data_tokenizer
 
   root = Path(run_dir)
   root = root / "checkpoints" if (root / "checkpoints").is_dir() else root
   model, _ = checkpoint.restore_model(root)
   config = merge_into_base(checkpoint.read_run_config(root))
-  return LoadedRun(model, config, load_data_tokenizer(config), config.objective.name)
+  return LoadedRun(model, config, checkpoint.load_tokenizer(root, model.cfg),
+                   config.objective.name)
 
 
 def _row(task, model, method, setting, run: evaluate.Run, base: evaluate.Run | None, **quality):
@@ -60,12 +60,24 @@ def _row(task, model, method, setting, run: evaluate.Run, base: evaluate.Run | N
   return row
 
 
-def arith_rows(sft: LoadedRun, mars: LoadedRun, n: int, batches: Sequence[int],
+def arith_inputs(sft: LoadedRun, n: int) -> dict:
+  """The first n arith test problems: chat-rendered prompt ids and their answers."""
+  prompts, answers = evaluate.arith_problems(sft.config, sft.tokenizer, n)
+  return {"prompts": prompts, "answers": answers}
+
+
+def code_inputs(ar: LoadedRun, n: int, prompt_len: int) -> dict:
+  """n code prompts of prompt_len ids from the held-out documents."""
+  return {"prompts": evaluate.code_prompts(ar.config, ar.tokenizer, n, prompt_len)}
+
+
+def arith_rows(sft: LoadedRun, mars: LoadedRun, inputs: dict, batches: Sequence[int],
                taus: Sequence[float], block: int, cache_block: int, max_new_tokens: int,
                log=print, repeats: int = 1) -> list[dict]:
-  """AR (SFT model), MARS sweeps and self-verified MARS on the arith test problems."""
+  """AR (SFT model), MARS sweeps and self-verified MARS on arith problems (arith_inputs:
+  kept as plain ids, so a saved set runs where the dataset is not built)."""
   tok = sft.tokenizer
-  prompts, answers = evaluate.arith_problems(sft.config, tok, n)
+  prompts, answers = inputs["prompts"], inputs["answers"]
   base_opt = Options(max_new_tokens=max_new_tokens, stop_ids=tok.stop_ids, pad_id=tok.pad_id,
                      block=block)
   rows = []
@@ -102,12 +114,13 @@ def arith_rows(sft: LoadedRun, mars: LoadedRun, n: int, batches: Sequence[int],
   return rows
 
 
-def code_rows(ar: LoadedRun, cards: dict, mdlm: LoadedRun | None, n: int, prompt_len: int,
+def code_rows(ar: LoadedRun, cards: dict, mdlm: LoadedRun | None, inputs: dict,
               batches: Sequence[int], taus: Sequence[float], block: int, max_new_tokens: int,
               log=print, repeats: int = 1) -> list[dict]:
-  """AR, CARD (each of `cards`: name -> run) and MDLM continuations of code prompts."""
+  """AR, CARD (each of `cards`: name -> run) and MDLM continuations of code prompts
+  (code_inputs)."""
   tok = ar.tokenizer
-  prompts = evaluate.code_prompts(ar.config, tok, n, prompt_len)
+  prompts = inputs["prompts"]
   # No stop ids: every method writes max_new_tokens, so forwards follow the schedule.
   base_opt = Options(max_new_tokens=max_new_tokens, pad_id=tok.pad_id, block=block)
   rows = []

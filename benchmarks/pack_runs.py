@@ -1,0 +1,68 @@
+"""Copy what `benchmarks/decode.py --no-train` reads from a bench workdir, and nothing else.
+
+  python benchmarks/pack_runs.py runs/bench_decode runs/bench_pack
+
+For each run: its latest step's params, model config and run config (no optimizer state,
+no data iterator), and its tokenizer in checkpoints/hf_assets; then inputs.json (the
+prompt sets as ids). The copy is a few MB per small model, so it travels to a machine that
+has no datasets (or another Python, whose stdlib corpus differs), e.g. a GPU box:
+
+  python benchmarks/decode.py --workdir runs/bench_pack --no-train
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+from cardjax import checkpoint
+
+# The items of a training step that restore_model and read_run_config read.
+ITEMS = ("params", "model_config", "config")
+
+
+def pack_run(run: Path, out: Path) -> int:
+  """Copy one run's latest step (ITEMS only) and tokenizer; returns the step."""
+  src = run / "checkpoints"
+  step = checkpoint.latest_step(src)
+  dst = out / "checkpoints"
+  if dst.exists():
+    shutil.rmtree(dst)
+  (dst / str(step)).mkdir(parents=True)
+  for entry in (src / str(step)).iterdir():
+    if entry.is_file():  # orbax's step metadata and commit marker
+      shutil.copy2(entry, dst / str(step) / entry.name)
+    elif entry.name in ITEMS:
+      shutil.copytree(entry, dst / str(step) / entry.name)
+  if (src / checkpoint.ASSETS).is_dir():
+    shutil.copytree(src / checkpoint.ASSETS, dst / checkpoint.ASSETS)
+  else:  # a run from before the trainer kept its tokenizer with the checkpoints
+    from cardjax.config import merge_into_base
+    from cardjax.data.prepare import tokenizer_source
+    checkpoint.copy_assets(dst, tokenizer_source(merge_into_base(
+        checkpoint.read_run_config(src, step))))
+  return step
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("workdir", type=Path, help="a benchmarks/decode.py workdir")
+  parser.add_argument("out", type=Path)
+  args = parser.parse_args()
+  inputs = args.workdir / "inputs.json"
+  if not inputs.is_file():
+    raise SystemExit(f"{inputs} is missing: run benchmarks/decode.py on {args.workdir} first "
+                     "(it saves the prompt sets there)")
+  args.out.mkdir(parents=True, exist_ok=True)
+  shutil.copy2(inputs, args.out / "inputs.json")
+  for run in sorted(p for p in (args.workdir / "runs").iterdir() if (p / "checkpoints").is_dir()):
+    step = pack_run(run, args.out / "runs" / run.name)
+    print(f"packed {run.name} step {step}")
+  size = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
+  print(f"{args.out}: {size / 2**20:.1f} MiB")
+
+
+if __name__ == "__main__":
+  main()
