@@ -25,7 +25,7 @@ from cardjax.objectives import make_objective
 from cardjax.parallel import make_mesh
 from cardjax.train import TrainingError, loop, train
 from cardjax.train.checkpointing import TrainCheckpointer
-from cardjax.train.optimizer import make_optimizer
+from cardjax.train.optimizer import make_optimizer, sharded_init
 from cardjax.train.step import make_train_step
 
 SMALL = ["--config.data.options.max_files=40", "--config.data.options.validation_percent=10",
@@ -61,7 +61,7 @@ def _run_step(config, batch, mesh, accum=1, steps=1):
     graphdef, params = nnx.split(model, nnx.Param)
     params = params.to_pure_dict()
     tx = make_optimizer(config.train, params)
-    opt_state = jax.jit(tx.init)(params)
+    opt_state = sharded_init(tx, params, mesh)(params)
     step = jax.jit(make_train_step(graphdef, make_objective(config.objective, cfg), tx,
                                    config.seed, accum))
     for i in range(steps):
@@ -148,12 +148,12 @@ def test_resume_allocates_only_what_it_restores(data_dir, tmp_path, monkeypatch)
   train(config, tmp_path / "split")
   monkeypatch.undo()
   assert restored, "the second run did not resume"
-  # A fresh start's shardings: create_model's, then the jitted optimizer init's.
+  # A fresh start's shardings: create_model's, then the optimizer init's.
   mesh = make_mesh(2, 2, 2)
   with jax.set_mesh(mesh):
     params = nnx.split(create_model(model_config(config), mesh=mesh), nnx.Param)[1]
     params = params.to_pure_dict()
-    opt_state = jax.jit(make_optimizer(config.train, params).init)(params)
+    opt_state = sharded_init(make_optimizer(config.train, params), params, mesh)(params)
   for got, fresh in ((restored["params"], params), (restored["opt_state"], opt_state)):
     want = jax.tree.map(lambda x: x.sharding, fresh)
     assert jax.tree.structure(got) == jax.tree.structure(want)
