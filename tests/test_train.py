@@ -11,8 +11,10 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from cardjax import checkpoint
 from cardjax.config import load_config, model_config
@@ -25,7 +27,7 @@ from cardjax.objectives import make_objective
 from cardjax.parallel import make_mesh
 from cardjax.train import TrainingError, loop, train
 from cardjax.train.checkpointing import TrainCheckpointer
-from cardjax.train.optimizer import make_optimizer
+from cardjax.train.optimizer import make_optimizer, sharded_init
 from cardjax.train.step import make_train_step
 
 SMALL = ["--config.data.options.max_files=40", "--config.data.options.validation_percent=10",
@@ -61,7 +63,7 @@ def _run_step(config, batch, mesh, accum=1, steps=1):
     graphdef, params = nnx.split(model, nnx.Param)
     params = params.to_pure_dict()
     tx = make_optimizer(config.train, params)
-    opt_state = jax.jit(tx.init)(params)
+    opt_state = sharded_init(tx, params, mesh)(params)
     step = jax.jit(make_train_step(graphdef, make_objective(config.objective, cfg), tx,
                                    config.seed, accum))
     for i in range(steps):
@@ -148,12 +150,12 @@ def test_resume_allocates_only_what_it_restores(data_dir, tmp_path, monkeypatch)
   train(config, tmp_path / "split")
   monkeypatch.undo()
   assert restored, "the second run did not resume"
-  # A fresh start's shardings: create_model's, then the jitted optimizer init's.
+  # A fresh start's shardings: create_model's, then the optimizer init's.
   mesh = make_mesh(2, 2, 2)
   with jax.set_mesh(mesh):
     params = nnx.split(create_model(model_config(config), mesh=mesh), nnx.Param)[1]
     params = params.to_pure_dict()
-    opt_state = jax.jit(make_optimizer(config.train, params).init)(params)
+    opt_state = sharded_init(make_optimizer(config.train, params), params, mesh)(params)
   for got, fresh in ((restored["params"], params), (restored["opt_state"], opt_state)):
     want = jax.tree.map(lambda x: x.sharding, fresh)
     assert jax.tree.structure(got) == jax.tree.structure(want)
@@ -163,6 +165,77 @@ def test_resume_allocates_only_what_it_restores(data_dir, tmp_path, monkeypatch)
   train(config, tmp_path / "straight")
   for a, b in zip(_params(tmp_path / "split"), _params(tmp_path / "straight")):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _shardings(*trees):
+  return jax.tree.map(lambda x: x.sharding, trees)
+
+
+def _assert_moments_shard_like_params(param_sh, opt_sh):
+  """Adam's mu and nu leaves carry their parameter's sharding, some of them split over the
+  mesh (not replicated), and every other leaf of the state is replicated."""
+  moments = [optax.tree_utils.tree_get(opt_sh, name) for name in ("mu", "nu")]
+  params = jax.tree_util.tree_leaves_with_path(param_sh)
+  for tree in moments:
+    assert jax.tree.structure(tree) == jax.tree.structure(param_sh)
+    for (path, want), got in zip(params, jax.tree.leaves(tree)):
+      assert got.spec == want.spec and got == want, jax.tree_util.keystr(path)
+  assert any(not s.is_fully_replicated for s in jax.tree.leaves(moments))
+  rest = [(path, s) for path, s in jax.tree_util.tree_leaves_with_path(opt_sh)
+          if not {getattr(k, "name", None) for k in path} & {"mu", "nu"}]
+  assert rest  # the step counts
+  for path, s in rest:
+    assert s.is_fully_replicated, jax.tree_util.keystr(path)
+
+
+def test_adam_moments_shard_like_their_parameters(data_dir, tmp_path, monkeypatch):
+  """On a data x fsdp x tensor mesh the optimizer state is sharded like the parameters
+  (ZeRO-3), not replicated on every device: after the init, after train steps (what each
+  save is handed) and after a resume."""
+  run = ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2",
+         "--config.train.checkpoint_every=2", "--config.train.eval_every=0"]
+  real_save, real_restore = TrainCheckpointer.save, TrainCheckpointer.restore
+  saved, restored = [], []
+
+  def save(self, step, params, opt_state, *rest):
+    saved.append(_shardings(params, opt_state))
+    return real_save(self, step, params, opt_state, *rest)
+
+  def restore(self, *args):
+    out = real_restore(self, *args)
+    restored.append(_shardings(*out))
+    return out
+
+  monkeypatch.setattr(TrainCheckpointer, "save", save)
+  monkeypatch.setattr(TrainCheckpointer, "restore", restore)
+  train(_config(data_dir, *run, "--config.train.steps=2"), tmp_path)
+  config = _config(data_dir, *run, "--config.train.steps=4")
+  train(config, tmp_path)
+  assert (len(saved), len(restored)) == (2, 1)
+  mesh = make_mesh(2, 2, 2)
+  with jax.set_mesh(mesh):
+    params = nnx.split(create_model(model_config(config), mesh=mesh), nnx.Param)[1]
+    params = params.to_pure_dict()
+    opt_state = sharded_init(make_optimizer(config.train, params), params, mesh)(params)
+  for param_sh, opt_sh in [_shardings(params, opt_state), *saved, *restored]:
+    _assert_moments_shard_like_params(param_sh, opt_sh)
+
+
+def test_state_shardings_of_masked_and_partitioned_chains():
+  """Per-parameter state inside optax.masked and multi_transform (which store MaskedNode for
+  the parameters they skip) is sharded like its parameter too."""
+  mesh = make_mesh(2, 2, 2)
+  specs = {"w": P("fsdp", "tensor"), "b": P("fsdp")}
+  params = {"w": jnp.zeros((4, 4)), "b": jnp.zeros(4)}
+  params = {k: jax.device_put(v, NamedSharding(mesh, specs[k])) for k, v in params.items()}
+  tx = optax.multi_transform({"adam": optax.adam(1e-3), "sgd": optax.sgd(1e-3, momentum=0.9)},
+                             {"w": "adam", "b": "sgd"})
+  state = sharded_init(tx, params, mesh)(params)
+  inner = state.inner_states
+  adam, trace = inner["adam"].inner_state[0], inner["sgd"].inner_state[0].trace
+  assert adam.mu["w"].sharding.spec == adam.nu["w"].sharding.spec == specs["w"]
+  assert trace["b"].sharding.spec == specs["b"]
+  assert isinstance(adam.mu["b"], optax.MaskedNode) and adam.count.sharding.is_fully_replicated
 
 
 def test_validations_score_the_same_batches_from_one_loader(data_dir, tmp_path, monkeypatch):

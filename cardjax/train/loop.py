@@ -35,7 +35,7 @@ from cardjax.parallel import make_mesh, use_rules
 from cardjax.train import flops
 from cardjax.train.checkpointing import TrainCheckpointer
 from cardjax.train.metrics import MetricsWriter
-from cardjax.train.optimizer import learning_rate, make_optimizer
+from cardjax.train.optimizer import learning_rate, make_optimizer, sharded_init
 from cardjax.train.step import corrupt_rows, make_eval_step, make_train_step, step_row_keys
 
 log = logging.getLogger("cardjax.train")
@@ -121,7 +121,7 @@ def _train(config, workdir: Path, mesh) -> dict:
   del model
   tx = make_optimizer(t, params)
   schedule = learning_rate(t)
-  init_opt = jax.jit(tx.init)
+  init_opt = sharded_init(tx, params, mesh)
   loader = make_loader(config, mesh=mesh)
   if latest is None:
     opt_state, start = init_opt(params), 0

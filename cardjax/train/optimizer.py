@@ -1,11 +1,12 @@
 """AdamW with warmup + cosine / constant / WSD schedules, clipping, and no weight decay on
-norms and biases."""
+norms and biases; its state sharded like the parameters."""
 
 from __future__ import annotations
 
 import jax
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from cardjax.errors import ConfigError
 
@@ -52,3 +53,25 @@ def make_optimizer(train, params: nnx.State) -> optax.GradientTransformation:
       optax.clip_by_global_norm(train.grad_clip) if train.grad_clip > 0 else optax.identity(),
       optax.adamw(learning_rate(train), b1=train.b1, b2=train.b2, eps=train.eps,
                   weight_decay=train.weight_decay, mask=decay_mask(params)))
+
+
+def state_shardings(tx: optax.GradientTransformation, params, mesh):
+  """The shardings of tx's state for `params` (arrays or ShapeDtypeStructs with shardings):
+  every per-parameter leaf (AdamW's mu and nu) takes its parameter's sharding, so the
+  moments shard over fsdp and tensor like the weights (ZeRO-3), and the rest (step counts)
+  is replicated. optax.tree_map_params finds the per-parameter trees of the chain; inside
+  optax.masked (or multi_transform) pieces with state, a masked-out parameter's leaf is a
+  MaskedNode and stays one."""
+  def like_param(leaf, param):
+    return leaf if isinstance(leaf, optax.MaskedNode) else param.sharding
+
+  return optax.tree_map_params(
+      tx, like_param, jax.eval_shape(tx.init, params), params,
+      transform_non_params=lambda _: NamedSharding(mesh, PartitionSpec()),
+      is_leaf=lambda leaf: isinstance(leaf, optax.MaskedNode))
+
+
+def sharded_init(tx: optax.GradientTransformation, params, mesh):
+  """tx.init jitted to give its state `state_shardings`. Without out_shardings jit returns
+  the zero moments replicated: every device would hold all of them (57 GiB at 7B)."""
+  return jax.jit(tx.init, out_shardings=state_shardings(tx, params, mesh))
