@@ -49,7 +49,7 @@ def time_objective(name: str, cfg: ModelConfig, data: dict, steps: int, block: i
   config.train.steps = 1000
   model = create_model(cfg, seed=0)
   graphdef, params = nnx.split(model, nnx.Param)
-  params = params.to_pure_dict()
+  params = nnx.to_pure_dict(params)
   objective = make_objective(config.objective, cfg)
   tx = make_optimizer(config.train, params)
   opt_state = tx.init(params)

@@ -36,7 +36,7 @@ def save_model(directory: str | Path, model: Decoder, step: int = 0,
   """Save the parameters and model config as `step` (and a DataLoader's iterator state, so a
   resumed run gets exactly the next batches); copy tokenizer files once."""
   directory = Path(directory).absolute()
-  params = nnx.state(model, nnx.Param).to_pure_dict()
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   items = dict(params=ocp.args.StandardSave(params),
                model_config=ocp.args.JsonSave(model.cfg.to_dict()))
   if data_loader is not None:
@@ -140,7 +140,7 @@ def restore_model(directory: str | Path, step: int | None = None, mesh=None,
     one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     abstract_state = jax.tree.map(
         lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=one), abstract_state)
-  target = abstract_state.to_pure_dict()
+  target = nnx.to_pure_dict(abstract_state)
   with manager(directory, create=False) as mngr:
     try:
       restored = mngr.restore(step, args=ocp.args.Composite(

@@ -61,7 +61,7 @@ def _run_step(config, batch, mesh, accum=1, steps=1):
   with jax.set_mesh(mesh):
     model = create_model(cfg, seed=0, mesh=mesh)
     graphdef, params = nnx.split(model, nnx.Param)
-    params = params.to_pure_dict()
+    params = nnx.to_pure_dict(params)
     tx = make_optimizer(config.train, params)
     opt_state = sharded_init(tx, params, mesh)(params)
     step = jax.jit(make_train_step(graphdef, make_objective(config.objective, cfg), tx,

@@ -117,7 +117,7 @@ def _train(config, workdir: Path, mesh) -> dict:
   cfg = model.cfg
   objective = make_objective(config.objective, cfg)
   graphdef, params = nnx.split(model, nnx.Param)
-  params = params.to_pure_dict()
+  params = nnx.to_pure_dict(params)
   del model
   tx = make_optimizer(t, params)
   schedule = learning_rate(t)

@@ -77,7 +77,7 @@ def make_train_step(graphdef, objective: Objective, tx: optax.GradientTransforma
     metrics = jax.tree.map(lambda v: v / norm, metrics)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
-    metrics = dict(metrics, loss=total / norm, grad_norm=optax.global_norm(grads))
+    metrics = dict(metrics, loss=total / norm, grad_norm=optax.tree.norm(grads))
     return params, opt_state, metrics
 
   return step_fn
