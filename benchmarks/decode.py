@@ -126,7 +126,9 @@ def main() -> None:
   parser.add_argument("--card-taus", default="0.9,0.7,0.5")
   parser.add_argument("--code-models", default="card,card_half,mdlm",
                       help="the code models to compare with AR (empty: skip the code task)")
-  parser.add_argument("--repeats", type=int, default=3, help="timings per row; the fastest")
+  parser.add_argument("--repeats", type=int, default=5, help="timings per row; the fastest")
+  parser.add_argument("--min-seconds", type=float, default=1.0,
+                      help="a timing repeats the prompt set until it lasts this long")
   args = parser.parse_args()
   workdir = Path(args.workdir).absolute()
   batches = [int(b) for b in args.batches.split(",")]
@@ -150,13 +152,15 @@ def main() -> None:
   print("== 2/3 arith: AR SFT vs MARS\n" + suite.HEADER, flush=True)
   rows = suite.arith_rows(loaded["sft"], loaded["mars"], sets["arith"], batches,
                           [float(t) for t in args.taus.split(",")], block=4, cache_block=16,
-                          max_new_tokens=96, repeats=args.repeats, log=log)
+                          max_new_tokens=96, repeats=args.repeats,
+                          min_seconds=args.min_seconds, log=log)
   if code_models:
     print("== 3/3 code: AR vs CARD and MDLM\n" + suite.HEADER, flush=True)
     rows += suite.code_rows(loaded["ar"], {m: loaded[m] for m in code_models if m != "mdlm"},
                             loaded.get("mdlm"), sets["code"], batches=batches,
                             taus=[float(t) for t in args.card_taus.split(",")], block=8,
-                            max_new_tokens=64, repeats=args.repeats, log=log)
+                            max_new_tokens=64, repeats=args.repeats,
+                            min_seconds=args.min_seconds, log=log)
   (workdir / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
   (workdir / "decode.md").write_text(suite.table(rows) + "\n")
   try:

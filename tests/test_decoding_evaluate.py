@@ -29,3 +29,21 @@ def test_timed_counts_rows_forwards_and_tokens():
   assert run.rows == generate(model, prompts, 6).rows()
   assert run.tokens == 30 and run.forwards == 3 * 6 and run.row_forwards == 5 * 6
   assert run.tokens_per_forward == 1.0 and run.tokens_per_second > 0
+
+
+def test_timed_repeats_a_short_set_to_min_seconds():
+  """A timing of a short set decodes it again until min_seconds and reports one pass."""
+  model = tiny_model()
+  prompts = [[5, 9, 2], [1]]
+  calls = []
+
+  def decode(chunk):
+    calls.append(len(chunk))
+    return generate(model, chunk, 4)
+
+  once = evaluate.timed(decode, prompts, batch=1)
+  n_once = len(calls)
+  run = evaluate.timed(decode, prompts, batch=1, min_seconds=0.2)
+  assert len(calls) - n_once > 2 * len(prompts) + 2  # warm-up, then more than one pass
+  assert run.rows == once.rows and run.forwards == once.forwards
+  assert run.seconds < 0.2  # per pass

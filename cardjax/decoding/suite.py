@@ -73,7 +73,7 @@ def code_inputs(ar: LoadedRun, n: int, prompt_len: int) -> dict:
 
 def arith_rows(sft: LoadedRun, mars: LoadedRun, inputs: dict, batches: Sequence[int],
                taus: Sequence[float], block: int, cache_block: int, max_new_tokens: int,
-               log=print, repeats: int = 1) -> list[dict]:
+               log=print, repeats: int = 1, min_seconds: float = 0.0) -> list[dict]:
   """AR (SFT model), MARS sweeps and self-verified MARS on arith problems (arith_inputs:
   kept as plain ids, so a saved set runs where the dataset is not built)."""
   tok = sft.tokenizer
@@ -83,7 +83,7 @@ def arith_rows(sft: LoadedRun, mars: LoadedRun, inputs: dict, batches: Sequence[
   rows = []
 
   def timed(decode, prompts_, batch_):
-    return evaluate.timed(decode, prompts_, batch_, repeats)
+    return evaluate.timed(decode, prompts_, batch_, repeats, min_seconds)
 
   def add(run_, model_name, method, setting, base):
     em = evaluate.exact_match(run_.rows, answers, tok)
@@ -116,7 +116,7 @@ def arith_rows(sft: LoadedRun, mars: LoadedRun, inputs: dict, batches: Sequence[
 
 def code_rows(ar: LoadedRun, cards: dict, mdlm: LoadedRun | None, inputs: dict,
               batches: Sequence[int], taus: Sequence[float], block: int, max_new_tokens: int,
-              log=print, repeats: int = 1) -> list[dict]:
+              log=print, repeats: int = 1, min_seconds: float = 0.0) -> list[dict]:
   """AR, CARD (each of `cards`: name -> run) and MDLM continuations of code prompts
   (code_inputs)."""
   tok = ar.tokenizer
@@ -133,7 +133,7 @@ def code_rows(ar: LoadedRun, cards: dict, mdlm: LoadedRun | None, inputs: dict,
 
   def go(run: LoadedRun, method, opt, batch):
     return evaluate.timed(make_decoder(method, run.frozen, run.objective, opt), prompts, batch,
-                          repeats)
+                          repeats, min_seconds)
 
   for batch in batches:
     base = add(go(ar, "ar", base_opt, batch), "ar", "ar", "kv cache", None)
