@@ -36,13 +36,15 @@ bench-decode: $(STAMP)
 	$(BIN)/python benchmarks/decode.py --workdir runs/bench_decode
 
 # For a machine with an accelerator and no network (benchmarks/decode_offline.sh): the
-# trained runs and prompt sets of bench-decode (runs/bench_pack, ~20 MB), and wheels of the
-# packages such a box's Python (3.12 here) usually lacks (.whl, ~10 MB). Carry both.
+# trained runs and prompt sets of bench-decode (trained here if missing, about 40 min on
+# 2 CPU cores) in runs/bench_pack (~20 MB), and wheels of the packages such a box's Python
+# (3.12 here) usually lacks in .whl (~10 MB). Carry both.
 OFFLINE_PY ?= 3.12
 OFFLINE_WHEELS := tensorflow-datasets==4.9.10 array-record==0.8.6 grain==0.2.18 \
 	dm-tree==0.1.10 tensorboardX==2.6.5 ml-collections==1.1.0 importlib-resources==7.1.0 \
 	tensorflow-metadata==1.21.0 portpicker==1.6.0
 bench-pack: $(STAMP)
+	$(BIN)/python benchmarks/decode.py --workdir runs/bench_decode --train-only
 	$(BIN)/python benchmarks/pack_runs.py runs/bench_decode runs/bench_pack
 	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: -d .whl \
 	  --python-version $(OFFLINE_PY) --implementation cp --platform manylinux_2_28_x86_64 \

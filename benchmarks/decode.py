@@ -119,6 +119,9 @@ def main() -> None:
   parser.add_argument("--no-train", action="store_true",
                       help="use the runs under WORKDIR/runs as they are (copied from the "
                            "machine that trained them); never train or build data")
+  parser.add_argument("--train-only", action="store_true",
+                      help="train (or reuse) the runs and save inputs.json, decode nothing: "
+                           "what `make bench-pack` needs")
   parser.add_argument("--n-arith", type=int, default=128)
   parser.add_argument("--n-code", type=int, default=32)
   parser.add_argument("--batches", default="1,4,16")
@@ -147,6 +150,9 @@ def main() -> None:
     runs = train_models(workdir, workdir / "data", scale, names)
   loaded = {name: suite.load_run(path) for name, path in runs.items()}
   sets = inputs(workdir, loaded, n_arith, n_code, bool(code_models))
+  if args.train_only:
+    print(f"== trained {', '.join(names)}; prompt sets in {workdir / 'inputs.json'}")
+    return
   log = Log(workdir / "decode_rows.md")
 
   print("== 2/3 arith: AR SFT vs MARS\n" + suite.HEADER, flush=True)
