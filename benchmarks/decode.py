@@ -61,8 +61,10 @@ def train_models(workdir: Path, data_dir: Path, scale: float, names=MODELS) -> d
     start = time.time()
     out = train(config, workdir / "runs" / name)
     runs[name] = workdir / "runs" / name
-    print(f"   trained {name}: {config.train.steps} steps, loss {out['train'].get('loss', 0):.3f}"
-          f" ({time.time() - start:.0f}s)", flush=True)
+    loss = out["train"].get("loss")  # none when the run had already finished
+    print(f"   {name}: {config.train.steps} steps, "
+          + (f"loss {loss:.3f} ({time.time() - start:.0f}s)" if loss is not None
+             else "trained before"), flush=True)
   return runs
 
 
