@@ -1,7 +1,8 @@
-"""Decoding: AR with a KV cache (the reference) and MARS threshold decoding (`cardjax.decoding.mars`).
-CARD blocks, DUS and EB/CB follow."""
+"""Decoding: AR with a KV cache (the reference, `ar`), MARS threshold decoding (`mars`,
+`mars_block`, `mars_verify`), CARD confidence blocks (`card`), MDLM blocks (`mdlm`), their
+planners (DUS, EB, CB: `planners`) and the method table the CLI uses (`methods`)."""
 
-from cardjax.decoding.ar import Generation, generate, greedy_by_recompute
-from cardjax.decoding.prompts import left_pad
+from cardjax.decoding.ar import generate, greedy_by_recompute
+from cardjax.decoding.prompts import Generation, left_pad
 
 __all__ = ["Generation", "generate", "greedy_by_recompute", "left_pad"]

@@ -9,26 +9,15 @@ runtime values (changing them does not recompile). Rows that finish early keep s
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from cardjax.decoding.frozen import decode_loop
-from cardjax.decoding.prompts import left_pad
+from cardjax.decoding.prompts import Generation, decode
+from cardjax.decoding.reference import causal_logits
 from cardjax.model.cache import KVCache
-
-
-@dataclasses.dataclass
-class Generation:
-  tokens: np.ndarray  # [batch, max_new_tokens], pad after the stop token
-  lengths: np.ndarray  # [batch] generated tokens, the stop token included
-  forwards: int  # model calls after the prefill
-
-  def rows(self) -> list[list[int]]:
-    return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths)]
 
 
 def sample_tokens(logits, rng, temperature, top_p):
@@ -81,7 +70,7 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
     done = done | jnp.isin(token, stop_ids)
     return step + 1, out, cache, done, count, rng, forwards + 1
 
-  carry = (jnp.int32(1), out, cache, done, count, rng, jnp.int32(0))
+  carry = (jnp.int32(1), out, cache, done, count, rng, jnp.int32(1))  # the prefill counts
   _, out, _, _, count, _, forwards = jax.lax.while_loop(cond, body, carry)
   return out, count, forwards
 
@@ -89,14 +78,9 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
 def generate(model, prompts, max_new_tokens: int, stop_ids=(), pad_id: int = 0,
              temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> Generation:
   """Decode a batch of token-id prompts (lists of ints) with the KV cache."""
-  tokens, positions, segments, lengths = left_pad(
-      prompts, pad_id, model.cfg.max_position_embeddings - max_new_tokens)
-  stop = np.asarray(list(stop_ids) or [-1], np.int32)
-  out, count, forwards = _generate(model, tokens, positions, segments, lengths, stop,
-                                   np.int32(pad_id), np.float32(temperature),
-                                   np.float32(top_p), jax.random.key(seed),
-                                   max_new_tokens=max_new_tokens)
-  return Generation(np.asarray(out), np.asarray(count), int(forwards) + 1)
+  return decode(_generate, model, prompts, max_new_tokens, stop_ids, pad_id,
+                np.float32(temperature), np.float32(top_p), jax.random.key(seed),
+                max_new_tokens=max_new_tokens)
 
 
 def greedy_by_recompute(model, prompt, max_new_tokens: int, stop_ids=()) -> list[int]:
@@ -104,8 +88,7 @@ def greedy_by_recompute(model, prompt, max_new_tokens: int, stop_ids=()) -> list
   seq = list(prompt)
   out = []
   for _ in range(max_new_tokens):
-    logits = model(jnp.asarray([seq], jnp.int32))
-    token = int(jnp.argmax(logits[0, -1]))
+    token = int(jnp.argmax(causal_logits(model, seq, len(prompt) + max_new_tokens)[-1]))
     out.append(token)
     seq.append(token)
     if token in stop_ids:

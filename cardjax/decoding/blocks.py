@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from cardjax.decoding import planners
-from cardjax.decoding.ar import Generation
-from cardjax.decoding.prompts import left_pad
+from cardjax.decoding.prompts import Generation, decode
 
 
 def run(loop, model, prompts, max_new_tokens: int, block: int, planner: str, tau: float,
@@ -23,10 +22,5 @@ def run(loop, model, prompts, max_new_tokens: int, block: int, planner: str, tau
     mask_id = model.cfg.mask_token_id
   mask_id = planners.check_request(mask_id, model.cfg.vocab_size, max_new_tokens)
   generated = -(-max_new_tokens // block) * block
-  tokens, positions, segments, lengths = left_pad(
-      prompts, pad_id, model.cfg.max_position_embeddings - generated)
-  stop = np.asarray(list(stop_ids) or [-1], np.int32)
-  out, count, forwards = loop(
-      model, tokens, positions, segments, lengths, stop, np.int32(pad_id), np.int32(mask_id),
-      knobs, np.int32(steps), planner=plan, max_new_tokens=max_new_tokens, **static)
-  return Generation(np.asarray(out), np.asarray(count), int(forwards))
+  return decode(loop, model, prompts, generated, stop_ids, pad_id, np.int32(mask_id), knobs,
+                np.int32(steps), planner=plan, max_new_tokens=max_new_tokens, **static)

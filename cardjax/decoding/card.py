@@ -47,8 +47,9 @@ import numpy as np
 from flax import nnx
 
 from cardjax.decoding import blocks, planners
-from cardjax.decoding.ar import Generation
 from cardjax.decoding.frozen import decode_loop
+from cardjax.decoding.prompts import Generation
+from cardjax.decoding.reference import full_logits
 from cardjax.model.cache import KVCache
 
 
@@ -148,11 +149,6 @@ def generate(model, prompts, max_new_tokens: int, block: int, planner: str = "co
                     remask, spacing, base, g0, steps, mask_id, stop_ids, pad_id)
 
 
-@nnx.jit
-def _full_forward(model, tokens):
-  return model(tokens)  # compiled once per shape: eager op-by-op dispatch is far slower
-
-
 def card_by_recompute(model, prompt, max_new_tokens: int, block: int,
                       planner: str = "confidence", tau: float = 0.9, steps: int | None = None,
                       mask_id: int | None = None, stop_ids=(), gamma: float = 1.0,
@@ -175,8 +171,7 @@ def card_by_recompute(model, prompt, max_new_tokens: int, block: int,
     rnd = 0
     while masked.any():
       future = [mask_id] * (len(prompt) + total - len(seq) - block)  # one shape per prompt
-      logits = _full_forward(model, jnp.asarray([seq + cur + future], jnp.int32))
-      logits = logits[:, len(seq) - 1:len(seq) - 1 + block]
+      logits = full_logits(model, seq + cur + future)[None, len(seq) - 1:len(seq) - 1 + block]
       forwards += 1
       guess, show = planners.plan_step(plan, logits, jnp.asarray(masked[None]),
                                        jnp.int32(rnd), knobs, jnp.bool_(rnd >= steps - 1))

@@ -19,16 +19,15 @@ is what every forward's attention reads.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from cardjax.decoding.ar import Generation
 from cardjax.decoding.frozen import decode_loop
-from cardjax.decoding.prompts import left_pad
+from cardjax.decoding.prompts import Generation, decode
+from cardjax.decoding.reference import causal_logits
 from cardjax.errors import CardjaxError
 from cardjax.model.cache import KVCache
 
@@ -68,22 +67,6 @@ def check_args(tau: float, block: int, mask_id: int, rule: str) -> None:
     raise CardjaxError("MARS decoding needs the model's [MASK] id (model.mask_token_id)")
   if rule not in RULES:
     raise CardjaxError(f"rule={rule!r} is not an acceptance rule; use one of {RULES}")
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef",))
-def _full_forward(graphdef, state, tokens):
-  return nnx.merge(graphdef, state)(tokens)
-
-
-def causal_logits(model, seq, width: int):
-  """Logits [len(seq), vocab] of one full causal forward over `seq` (no cache), for the
-  references. The input is right-padded to `width` so one compile serves a whole loop:
-  under the causal mask the filler is invisible to every real position. Widths are rounded
-  up to a multiple of 32 so prompts of similar lengths share it too."""
-  tokens = np.zeros((1, -(-max(width, len(seq)) // 32) * 32), np.int32)
-  tokens[0, :len(seq)] = seq
-  graphdef, state = nnx.split(model)
-  return _full_forward(graphdef, state, jnp.asarray(tokens))[0, :len(seq)]
 
 
 @decode_loop("block", "max_new_tokens", "rule")
@@ -148,13 +131,9 @@ def generate(model, prompts, max_new_tokens: int, block: int, tau: float, mask_i
   """MARS decoding of a batch of token-id prompts; `forwards` counts window forwards.
   `rule` picks the confidence compared with tau (see `confidence`)."""
   check_args(tau, block, mask_id, rule)
-  tokens, positions, segments, lengths = left_pad(
-      prompts, pad_id, model.cfg.max_position_embeddings - max_new_tokens - block)
-  stop = np.asarray(list(stop_ids) or [-1], np.int32)
-  out, count, forwards = _generate(
-      model, tokens, positions, segments, lengths, stop, np.int32(pad_id), np.int32(mask_id),
-      np.float32(tau), block=block, max_new_tokens=max_new_tokens, rule=rule)
-  return Generation(np.asarray(out), np.asarray(count), int(forwards))
+  return decode(_generate, model, prompts, max_new_tokens + block, stop_ids, pad_id,
+                np.int32(mask_id), np.float32(tau), block=block,
+                max_new_tokens=max_new_tokens, rule=rule)
 
 
 def mars_by_recompute(model, prompt, max_new_tokens: int, block: int, tau: float,

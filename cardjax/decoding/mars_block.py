@@ -24,10 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from cardjax.decoding.ar import Generation
-from cardjax.decoding.mars import accept_count, causal_logits, check_args
+from cardjax.decoding.mars import accept_count, check_args
 from cardjax.decoding.frozen import decode_loop
-from cardjax.decoding.prompts import left_pad
+from cardjax.decoding.prompts import Generation, decode
+from cardjax.decoding.reference import causal_logits
 from cardjax.errors import CardjaxError
 from cardjax.model.cache import KVCache
 
@@ -110,14 +110,9 @@ def generate(model, prompts, max_new_tokens: int, block: int, cache_block: int, 
   if max_new_tokens < 1:
     raise CardjaxError(f"max_new_tokens={max_new_tokens} must be >= 1")
   span = cache_block * -(-max_new_tokens // cache_block)
-  tokens, positions, segments, lengths = left_pad(
-      prompts, pad_id, model.cfg.max_position_embeddings - span)
-  stop = np.asarray(list(stop_ids) or [-1], np.int32)
-  out, count, forwards = _generate(
-      model, tokens, positions, segments, lengths, stop, np.int32(pad_id), np.int32(mask_id),
-      np.float32(tau), block=block, cache_block=cache_block, max_new_tokens=max_new_tokens,
-      rule=rule)
-  return Generation(np.asarray(out), np.asarray(count), int(forwards))
+  return decode(_generate, model, prompts, span, stop_ids, pad_id, np.int32(mask_id),
+                np.float32(tau), block=block, cache_block=cache_block,
+                max_new_tokens=max_new_tokens, rule=rule)
 
 
 def block_by_recompute(model, prompt, max_new_tokens: int, block: int, cache_block: int,

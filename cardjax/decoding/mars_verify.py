@@ -28,9 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from cardjax.decoding.ar import Generation
 from cardjax.decoding.frozen import decode_loop
-from cardjax.decoding.prompts import left_pad
+from cardjax.decoding.prompts import Generation, decode
 from cardjax.errors import CardjaxError
 from cardjax.model.cache import KVCache
 
@@ -114,10 +113,5 @@ def generate(model, prompts, max_new_tokens: int, block: int, mask_id: int, stop
     raise CardjaxError("MARS decoding needs the model's [MASK] id (model.mask_token_id)")
   if max_new_tokens < 1:
     raise CardjaxError(f"max_new_tokens={max_new_tokens} must be >= 1")
-  tokens, positions, segments, lengths = left_pad(
-      prompts, pad_id, model.cfg.max_position_embeddings - max_new_tokens - 2 * block)
-  stop = np.asarray(list(stop_ids) or [-1], np.int32)
-  out, count, forwards = _generate(
-      model, tokens, positions, segments, lengths, stop, np.int32(pad_id), np.int32(mask_id),
-      block=block, max_new_tokens=max_new_tokens)
-  return Generation(np.asarray(out), np.asarray(count), int(forwards))
+  return decode(_generate, model, prompts, max_new_tokens + 2 * block, stop_ids, pad_id,
+                np.int32(mask_id), block=block, max_new_tokens=max_new_tokens)

@@ -26,8 +26,9 @@ from flax import nnx
 
 from cardjax.attention import BIDIRECTIONAL
 from cardjax.decoding import blocks, planners
-from cardjax.decoding.ar import Generation
 from cardjax.decoding.frozen import decode_loop
+from cardjax.decoding.prompts import Generation
+from cardjax.decoding.reference import full_logits
 
 
 class _Carry(NamedTuple):
@@ -96,11 +97,6 @@ def generate(model, prompts, max_new_tokens: int, block: int, planner: str = "du
                     remask, spacing, base, g0, steps, mask_id, stop_ids, pad_id, shift=bool(shift))
 
 
-@nnx.jit
-def _full_forward(model, tokens):
-  return model(tokens, mask=BIDIRECTIONAL)  # compiled once per shape: eager is far slower
-
-
 def mdlm_by_recompute(model, prompt, max_new_tokens: int, block: int, planner: str = "dus",
                       shift: bool = False, tau: float = 0.9, gamma: float = 1.0,
                       remask: float = 0.0, spacing: bool = False, base: int = 2,
@@ -122,7 +118,7 @@ def mdlm_by_recompute(model, prompt, max_new_tokens: int, block: int, planner: s
     masked = np.arange(block) < max_new_tokens - blk * block
     rnd = 0
     while masked.any():
-      logits = _full_forward(model, jnp.asarray([seq], jnp.int32))
+      logits = full_logits(model, seq, BIDIRECTIONAL)[None]
       forwards += 1
       guess, show = planners.plan_step(
           plan, logits[:, start - int(shift):start - int(shift) + block],

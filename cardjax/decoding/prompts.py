@@ -1,4 +1,6 @@
-"""Batches of prompts of different lengths, left-padded so all rows write the KV cache at
+"""A decoder's front and back: token-id prompts in, a `Generation` out.
+
+Batches of prompts of different lengths are left-padded so all rows write the KV cache at
 the same slot: padding has segment 0 (invisible to every real token) and the real tokens
 of each row have positions 0..n-1. The padded width is rounded up to a multiple of `bucket`,
 so a stream of batches with slightly different prompt lengths reuses a few compiled
@@ -6,14 +8,24 @@ programs instead of compiling one per length (the extra padding is invisible).""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import numpy as np
 
 from cardjax.errors import CardjaxError
 
-
 BUCKET = 16
+
+
+@dataclasses.dataclass
+class Generation:
+  tokens: np.ndarray  # [batch, max_new_tokens], pad after the stop token
+  lengths: np.ndarray  # [batch] generated tokens, the stop token included
+  forwards: int  # model calls that produced tokens (the AR prefill among them)
+
+  def rows(self) -> list[list[int]]:
+    return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths)]
 
 
 def padded_width(prompts: Sequence[Sequence[int]], bucket: int = BUCKET) -> int:
@@ -45,3 +57,17 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, max_context: int | N
     positions[r, width - n:] = np.arange(n)
     segments[r, width - n:] = 1
   return tokens, positions, segments, lengths
+
+
+def decode(loop, model, prompts: Sequence[Sequence[int]], room: int, stop_ids, pad_id: int,
+           *args, **static) -> Generation:
+  """Left-pad `prompts` leaving `room` positions of the model's context for what the
+  decoder writes after them, then run the jitted loop
+  loop(model, tokens, positions, segments, lengths, stop_ids, pad_id, *args, **static)
+  -> (out, count, forwards)."""
+  tokens, positions, segments, lengths = left_pad(
+      prompts, pad_id, model.cfg.max_position_embeddings - room)
+  stop = np.asarray(list(stop_ids) or [-1], np.int32)  # -1: no stop id matches
+  out, count, forwards = loop(model, tokens, positions, segments, lengths, stop,
+                              np.int32(pad_id), *args, **static)
+  return Generation(np.asarray(out), np.asarray(count), int(forwards))
