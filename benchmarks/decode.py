@@ -73,7 +73,7 @@ def plot(rows: list[dict], path: Path) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+  fig, (left, right) = plt.subplots(1, 2, figsize=(15, 4.5))
   for ax, task, quality, label in ((left, "arith", "exact_match", "exact match"),
                                    (right, "code", "judge_nll", "NLL under AR (lower is better)")):
     batch = 4 if any(r["batch"] == 4 for r in rows) else rows[0]["batch"]
@@ -83,14 +83,18 @@ def plot(rows: list[dict], path: Path) -> None:
         key = f"{r['model']} {r['method']}" + (
             " cache" if "cache" in r["setting"] and r["method"] == "mars" else "")
         groups.setdefault(key, []).append((r["speedup"], r[quality]))
-    for key, points in sorted(groups.items()):
+    # tab20 and a marker per group: the default cycle repeats its 10 colours, and a panel
+    # has up to 14 curves
+    colours = plt.get_cmap("tab20").colors
+    for i, (key, points) in enumerate(sorted(groups.items())):
       points.sort()
-      ax.plot([p[0] for p in points], [p[1] for p in points], "o-", label=key)
+      ax.plot([p[0] for p in points], [p[1] for p in points], "-", marker="os^vDP*X"[i % 8],
+              color=colours[i % len(colours)], label=key)
     ax.axvline(1.0, color="grey", lw=0.5)
     ax.set_xlabel(f"wall-clock speedup over AR with KV cache (batch {batch})")
     ax.set_ylabel(label)
     ax.set_title(task)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # off the points
   fig.tight_layout()
   fig.savefig(path, dpi=120)
 
