@@ -8,11 +8,20 @@ from __future__ import annotations
 
 import copy
 import os
+import tempfile
 
 _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 os.environ["JAX_PLATFORMS"] = "cpu"
+# One persistent XLA compilation cache for every test and the subprocesses they start (the
+# environment is inherited): the trainer tests compile the same tiny train steps again and
+# again, and a hit skips the compile (five of them: 3 min 20 s -> 2 min 6 s from a cold
+# cache). Entries are keyed by the program and the jax version, so a code change misses.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
+    tempfile.gettempdir(), f"cardjax-test-xla-cache-{os.getuid()}"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2 << 30))  # LRU past 2 GiB
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
