@@ -57,6 +57,11 @@ def test_sampling_is_seeded_and_top_p_tiny_is_greedy(model):
   assert generate(model, PROMPTS, 8, temperature=1.0, top_p=1e-6).rows() == greedy
 
 
+def test_no_new_tokens_is_an_error():
+  with pytest.raises(CardjaxError, match="max_new_tokens=0 must be >= 1"):
+    generate(tiny_model(), PROMPTS, 0)
+
+
 def test_bad_prompts():
   with pytest.raises(CardjaxError, match="prompt 1 is empty"):
     left_pad([[1, 2], []], 0)

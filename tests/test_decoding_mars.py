@@ -85,5 +85,7 @@ def test_bad_arguments(model):
     mars.generate(model, PROMPTS, 4, block=4, tau=0.5, mask_id=-1)
   with pytest.raises(CardjaxError, match="prompt 0 is empty"):
     mars.generate(model, [[]], 4, block=4, tau=0.5, mask_id=63)
+  with pytest.raises(CardjaxError, match="max_new_tokens=0 must be >= 1"):
+    mars.generate(model, PROMPTS, 0, block=4, tau=0.5, mask_id=63)
   with pytest.raises(CardjaxError, match="rule='top3' is not an acceptance rule"):
     mars.generate(model, PROMPTS, 4, block=4, tau=0.5, mask_id=63, rule="top3")

@@ -80,3 +80,5 @@ def test_bad_arguments(model):
     run(mask_id=-1)
   with pytest.raises(CardjaxError, match="rule='top3'"):
     run(rule="top3")
+  with pytest.raises(CardjaxError, match="max_new_tokens=0 must be >= 1"):
+    run(max_new_tokens=0)

@@ -70,3 +70,5 @@ def test_bad_arguments(model):
     mars_verify.generate(model, PROMPTS, 4, block=0, mask_id=63)
   with pytest.raises(CardjaxError, match="needs the model's \\[MASK\\] id"):
     mars_verify.generate(model, PROMPTS, 4, block=4, mask_id=-1)
+  with pytest.raises(CardjaxError, match="max_new_tokens=0 must be >= 1"):
+    mars_verify.generate(model, PROMPTS, 0, block=4, mask_id=63)

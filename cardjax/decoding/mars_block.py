@@ -107,8 +107,6 @@ def generate(model, prompts, max_new_tokens: int, block: int, cache_block: int, 
   check_args(tau, block, mask_id, rule)
   if cache_block < 1:
     raise CardjaxError(f"cache_block={cache_block} must be >= 1 (slots per cache block)")
-  if max_new_tokens < 1:
-    raise CardjaxError(f"max_new_tokens={max_new_tokens} must be >= 1")
   span = cache_block * -(-max_new_tokens // cache_block)
   return decode(_generate, model, prompts, span, stop_ids, pad_id, np.int32(mask_id),
                 np.float32(tau), block=block, cache_block=cache_block,

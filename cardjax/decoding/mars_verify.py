@@ -111,7 +111,5 @@ def generate(model, prompts, max_new_tokens: int, block: int, mask_id: int, stop
     raise CardjaxError(f"block={block} must be >= 1")
   if mask_id < 0:
     raise CardjaxError("MARS decoding needs the model's [MASK] id (model.mask_token_id)")
-  if max_new_tokens < 1:
-    raise CardjaxError(f"max_new_tokens={max_new_tokens} must be >= 1")
   return decode(_generate, model, prompts, max_new_tokens + 2 * block, stop_ids, pad_id,
                 np.int32(mask_id), block=block, max_new_tokens=max_new_tokens)

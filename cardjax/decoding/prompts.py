@@ -64,7 +64,9 @@ def decode(loop, model, prompts: Sequence[Sequence[int]], room: int, stop_ids, p
   """Left-pad `prompts` leaving `room` positions of the model's context for what the
   decoder writes after them, then run the jitted loop
   loop(model, tokens, positions, segments, lengths, stop_ids, pad_id, *args, **static)
-  -> (out, count, forwards)."""
+  -> (out, count, forwards). `max_new_tokens` is one of `static`, checked here for all."""
+  if static["max_new_tokens"] < 1:
+    raise CardjaxError(f"max_new_tokens={static['max_new_tokens']} must be >= 1")
   tokens, positions, segments, lengths = left_pad(
       prompts, pad_id, model.cfg.max_position_embeddings - room)
   stop = np.asarray(list(stop_ids) or [-1], np.int32)  # -1: no stop id matches
