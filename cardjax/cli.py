@@ -6,6 +6,7 @@
   cardjax generate   --checkpoint RUN --prompt TEXT [--method mars --tau 0.9]
   cardjax import-hf  HF_DIR CKPT_DIR [--dtype D] [--scan-layers]     HF folder -> orbax
   cardjax export-hf  CKPT_DIR HF_DIR [--step N] [--dtype D]          orbax -> HF folder
+  cardjax import-gguf FILE CKPT_DIR [--mask-token T]                 llama.cpp GGUF -> orbax
   cardjax data build NAME [--data_dir D] [--OPTION VALUE ...]       dataset + tokenizer
   cardjax data show  NAME [--data_dir D] [--n 3] [--split S]         decoded rows
   cardjax demo       [--workdir runs/demo]                           the end-to-end demo
@@ -58,6 +59,8 @@ def cmd_init(args, overrides) -> None:
 
 def cmd_import_hf(args, overrides) -> None:
   from cardjax import checkpoint, hf
+  from cardjax.hf.config import read_config_json
+  from cardjax.hf.mask import import_mask_id
   from cardjax.model import param_count
 
   if overrides:
@@ -67,12 +70,42 @@ def cmd_import_hf(args, overrides) -> None:
     extra["param_dtype"] = args.param_dtype
   if args.mask_token_id is not None:
     extra["mask_token_id"] = args.mask_token_id
+  else:  # config.json's mask_token_id, else the tokenizer's (a MARS release has only that)
+    mask_id = import_mask_id(args.hf_dir, read_config_json(args.hf_dir))
+    if mask_id is not None:
+      extra["mask_token_id"] = mask_id
   start = time.time()
   model = hf.from_pretrained(args.hf_dir, mesh=_mesh(), **extra)
   path = checkpoint.save_model(args.checkpoint_dir, model, step=args.step,
                                assets_from=args.hf_dir)
   print(f"imported {param_count(model):,} parameters from {args.hf_dir} -> {path} "
         f"(step {args.step}, {time.time() - start:.1f}s)")
+
+
+def cmd_import_gguf(args, overrides) -> None:
+  import tempfile
+
+  from cardjax import checkpoint
+  from cardjax.hf import gguf
+  from cardjax.model import param_count
+
+  if overrides:
+    raise CardjaxError(f"import-gguf takes no --config overrides, got {overrides}")
+  start = time.time()
+  # Everything is read and checked before the checkpoint folder is touched.
+  f = gguf.GGUFFile(args.gguf_file)
+  gguf.check_file(f)
+  with tempfile.TemporaryDirectory() as assets:
+    gguf.write_tokenizer(f, assets, mask=args.mask_token or None)
+    mask_id = gguf.mask_token(f, args.mask_token or None)[1]
+    extra = {"scan_layers": args.scan_layers, "mask_token_id": mask_id}
+    if args.param_dtype:
+      extra["param_dtype"] = args.param_dtype
+    model = gguf.from_gguf(f.path, mesh=_mesh(), **extra)
+    path = checkpoint.save_model(args.checkpoint_dir, model, step=args.step,
+                                 assets_from=assets)
+  print(f"imported {param_count(model):,} parameters ({f.architecture}, [MASK] id {mask_id}) "
+        f"from {f.path} -> {path} (step {args.step}, {time.time() - start:.1f}s)")
 
 
 def cmd_export_hf(args, overrides) -> None:
@@ -242,8 +275,23 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--param-dtype", choices=("float32", "bfloat16"), default=None,
                  help="storage dtype of the parameters (default float32)")
   p.add_argument("--scan-layers", action="store_true", help="store layers stacked for scan")
-  p.add_argument("--mask-token-id", type=int, default=None, help="[MASK] id to record")
+  p.add_argument("--mask-token-id", type=int, default=None,
+                 help="[MASK] id to record (default: config.json's mask_token_id, else the "
+                      "tokenizer's mask_token or <|mask|>, else none)")
   p.set_defaults(fn=cmd_import_hf)
+
+  p = sub.add_parser("import-gguf", help="llama.cpp GGUF file -> orbax checkpoint")
+  p.add_argument("gguf_file", help="a .gguf file (llama or qwen2; F32/F16/BF16/Q8_0/Q4_0/"
+                                   "Q4_1/Q5_0/Q5_1/Q4_K/Q6_K tensors)")
+  p.add_argument("checkpoint_dir", help="orbax checkpoint folder to write")
+  p.add_argument("--step", type=int, default=0, help="step number to save as (default 0)")
+  p.add_argument("--param-dtype", choices=("float32", "bfloat16"), default=None,
+                 help="storage dtype of the parameters (default float32)")
+  p.add_argument("--scan-layers", action="store_true", help="store layers stacked for scan")
+  p.add_argument("--mask-token", default="",
+                 help="the token MARS/CARD use as [MASK] (default: <|mask|> if present, else "
+                      "the last control token the chat template does not use)")
+  p.set_defaults(fn=cmd_import_gguf)
 
   p = sub.add_parser("export-hf", help="orbax checkpoint -> Hugging Face folder")
   p.add_argument("checkpoint_dir", help="orbax checkpoint folder (cardjax init/train/import-hf)")

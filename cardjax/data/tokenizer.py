@@ -3,8 +3,9 @@
 Both are the same object: a `tokenizers.Tokenizer` plus the `tokenizer_config.json` fields
 that matter here (special tokens and the jinja chat template). A trained tokenizer is saved
 as a HF folder, so transformers' AutoTokenizer loads it too. Every tokenizer has a [MASK]
-token: `<|mask|>` when present, else added as the next id (for Qwen2.5 that is 151665, the
-first padded embedding row), and it must equal the config's `model.mask_token_id`.
+token: the one tokenizer_config.json names as `mask_token`, else `<|mask|>` (added as the next
+id when absent: for Qwen2.5 that is 151665, the first padded embedding row), and it must
+equal the config's `model.mask_token_id`.
 """
 
 from __future__ import annotations
@@ -44,12 +45,18 @@ class Tokenizer:
     self.tok = tok
     self.config = dict(config)
     self.source = source
-    if tok.token_to_id(MASK) is None:
+    # The config's mask_token names an existing token (a GGUF import reuses an unused
+    # control token, so no embedding row is added); without one, <|mask|> is added if absent.
+    mask = _token_text(self.config.get("mask_token")) or MASK
+    if tok.token_to_id(mask) is None:
+      if mask != MASK:
+        raise CardjaxError(f"mask_token {mask!r} of {source}/tokenizer_config.json is not in "
+                           "its vocabulary")
       tok.add_special_tokens([MASK])
-    self.mask_id = tok.token_to_id(MASK)
+    self.mask_id = tok.token_to_id(mask)
     if mask_token_id is not None and mask_token_id >= 0 and mask_token_id != self.mask_id:
       raise CardjaxError(f"model.mask_token_id={mask_token_id} but the tokenizer at {source} "
-                         f"has {MASK} at id {self.mask_id}; set model.mask_token_id="
+                         f"has {mask} at id {self.mask_id}; set model.mask_token_id="
                          f"{self.mask_id}")
     eos = _token_text(self.config.get("eos_token")) or EOS
     self.eos_id = self._id(eos, "eos_token")

@@ -69,7 +69,16 @@ def from_pretrained(path: str | Path, mesh=None, **overrides) -> Decoder:
   path = Path(path)
   cfg = model_config_from_hf(read_config_json(path), source=str(path / "config.json"),
                              **overrides)
-  reader = SafetensorsReader(path)
+  model = load_tensors(cfg, SafetensorsReader(path), str(path), mesh)
+  _SOURCES[model] = path
+  return model
+
+
+def load_tensors(cfg: ModelConfig, reader, source: str, mesh=None) -> Decoder:
+  """A Decoder for `cfg` whose parameters come from `reader`, anything that maps HF tensor
+  names to numpy arrays (`name in reader`, `reader.get(name)`, `reader.keys()`,
+  `reader.file_of(name)`): a safetensors folder, a GGUF file. Each parameter lands in its
+  sharding on `mesh` (or the mesh set with `jax.set_mesh`)."""
   if mesh is None and not jax.sharding.get_abstract_mesh().empty:
     mesh = jax.sharding.get_mesh()  # the mesh set with `jax.set_mesh`
   graphdef, abstract_state = nnx.split(abstract_model(cfg))
@@ -87,12 +96,12 @@ def from_pretrained(path: str | Path, mesh=None, **overrides) -> Decoder:
     for name, layout in names:
       if name not in reader:
         raise CheckpointError(f"tensor {name!r} (for {path_str}, HF shape "
-                              f"{list(hf_shape(per_layer, layout))}) is missing from {path}")
+                              f"{list(hf_shape(per_layer, layout))}) is missing from {source}")
       try:
         arrays.append(from_hf(reader.get(name), layout, per_layer).astype(dtype))
       except ValueError as e:
         raise CheckpointError(f"tensor {name!r} in {reader.file_of(name)} has the wrong "
-                              f"{e} (config.json says so)") from None
+                              f"{e} (the model config says so)") from None
       used.add(name)
     array = np.stack(arrays) if stacked else arrays[0]
     if sharding is None:
@@ -108,10 +117,8 @@ def from_pretrained(path: str | Path, mesh=None, **overrides) -> Decoder:
   unused = [k for k in reader.keys() if k not in used and not k.endswith(IGNORED_HF_KEYS)
             and not (cfg.tie_word_embeddings and k == "lm_head.weight")]
   if unused:
-    log.warning("%d tensors in %s were not used: %s", len(unused), path, unused[:8])
-  model = nnx.merge(graphdef, state)
-  _SOURCES[model] = path
-  return model
+    log.warning("%d tensors in %s were not used: %s", len(unused), source, unused[:8])
+  return nnx.merge(graphdef, state)
 
 
 def _gather(x) -> np.ndarray:
@@ -168,5 +175,11 @@ def save_pretrained(model: Decoder, path: str | Path, dtype: str | None = None,
   return path
 
 
-__all__ = ["from_pretrained", "save_pretrained", "hf_tensors", "asset_files",
+__all__ = ["from_pretrained", "from_gguf", "load_tensors", "save_pretrained", "hf_tensors", "asset_files",
            "model_config_from_hf", "hf_config_from_model", "SafetensorsReader"]
+
+
+def from_gguf(path: str | Path, mesh=None, **overrides) -> Decoder:
+  """Load a llama.cpp GGUF file (see cardjax/hf/gguf.py)."""
+  from cardjax.hf.gguf import from_gguf as load
+  return load(path, mesh=mesh, **overrides)

@@ -7,13 +7,21 @@ transformers 5 (`rope_parameters`). Writes both, so either version loads the exp
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 from cardjax.errors import CheckpointError
 from cardjax.model.config import ModelConfig
 
+log = logging.getLogger("cardjax.hf")
+
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+# Model types that are another's weights and config keys under a new name: released MARS
+# checkpoints (Xalp/MARS) save a Qwen2 model as "a2d-qwen2", whose class only swaps the
+# causal mask (cardjax builds its own masks). Exports say "qwen2", which transformers loads
+# without remote code.
+ALIASES = {"a2d-qwen2": "qwen2"}
 
 
 def read_config_json(directory: str | Path) -> dict[str, Any]:
@@ -44,6 +52,10 @@ def model_config_from_hf(hf: dict[str, Any], source: str = "config.json",
                          **overrides) -> ModelConfig:
   """The ModelConfig for a HF config dict; `overrides` set the non-HF fields (dtype, ...)."""
   model_type = hf.get("model_type")
+  if model_type in ALIASES:
+    log.info("%s: model_type %r is read as %r (the same weights and config keys)", source,
+             model_type, ALIASES[model_type])
+    model_type = ALIASES[model_type]
   if model_type not in ARCHITECTURES:
     raise CheckpointError(f"{source}: unsupported model_type {model_type!r}; cardjax reads "
                           f"{sorted(ARCHITECTURES)} (Qwen2/Qwen2.5 and Llama families)")
