@@ -28,6 +28,17 @@ def test_cached_forward_equals_full_forward(model):
   assert int(cache.index) == 11
 
 
+def test_logits_at_gives_the_chosen_positions_and_the_same_cache(model):
+  tokens = jnp.asarray(np.random.RandomState(1).randint(0, 64, (2, 7)), jnp.int32)
+  full, cache_full = model.forward_cached(tokens, KVCache.create(model.cfg, 2, 8))
+  at = jnp.asarray([[6, 0, 3], [2, 2, 5]], jnp.int32)
+  some, cache_some = model.forward_cached(tokens, KVCache.create(model.cfg, 2, 8),
+                                          logits_at=at)
+  assert some.shape == (2, 3, 64)
+  np.testing.assert_allclose(some, np.take_along_axis(np.asarray(full), np.asarray(at)[..., None],
+                                                      axis=1), atol=1e-6)
+  np.testing.assert_array_equal(cache_some.k, cache_full.k)
+
 
 
 def test_greedy_with_cache_equals_recompute_batch_1_and_batched(model):

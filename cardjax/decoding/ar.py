@@ -45,8 +45,10 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
   model = nnx.merge(graphdef, state)
   b, width = tokens.shape
   cache = KVCache.create(model.cfg, b, width + max_new_tokens)
+  # The prefill needs the last position's logits only.
   logits, cache = model.forward_cached(tokens, cache, positions=positions,
-                                       segment_ids=segments)
+                                       segment_ids=segments,
+                                       logits_at=jnp.full((b, 1), width - 1, jnp.int32))
   rng, key = jax.random.split(rng)
   first = sample_tokens(logits[:, -1], key, temperature, top_p)
   out = jnp.full((b, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(first)

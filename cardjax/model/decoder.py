@@ -102,9 +102,14 @@ class Decoder(nnx.Module):
     return self._logits(x)
 
   def forward_cached(self, tokens, cache: KVCache, positions=None, segment_ids=None,
-                     mask=None, streams=None):
+                     mask=None, streams=None, logits_at=None):
     """(logits, cache): run `tokens` against the cached keys and write theirs at
-    cache.index (prefill with a whole prompt, then a token or a block per call)."""
+    cache.index (prefill with a whole prompt, then a token or a block per call).
+
+    logits_at: optional int [batch, k] indices into the tokens; logits are computed at
+    those k only ([batch, k, vocab]). The LM head is a fifth of a small model's weights
+    and FLOPs per token (SmolLM2: 28M of 135M), so a prefill that needs one position, or
+    a MARS window that needs B of its 2B, should not pay it everywhere."""
     tokens, meta, spec = self._inputs(tokens, positions, segment_ids, mask, streams)
     cache = cache.write_meta(meta)
     k_meta, index = cache.key_meta(), cache.index
@@ -126,6 +131,8 @@ class Decoder(nnx.Module):
       for i, block in enumerate(self.layers):
         x, k, v = block.cached(x, meta, spec, k, v, i, k_meta, index)
     cache = dataclasses.replace(cache, k=k, v=v, index=index + tokens.shape[1])
+    if logits_at is not None:
+      x = jnp.take_along_axis(x, jnp.asarray(logits_at, jnp.int32)[..., None], axis=1)
     return self._logits(x), cache
 
   def _inputs(self, tokens, positions, segment_ids, mask, streams):
