@@ -243,13 +243,21 @@ def build_parser() -> argparse.ArgumentParser:
                  help="the checkpoint's training objective when it has no run config "
                       "(an imported HF model); decides which methods fit")
   p.add_argument("--tau", type=float, default=0.95,
-                 help="mars: acceptance threshold; card / cb: confidence threshold")
-  p.add_argument("--block", type=int, default=4,
-                 help="mars: tokens drafted per forward (the training B); card / dus / eb / "
-                      "cb: block length")
-  p.add_argument("--rule", default="prob", help="mars: prob | entropy | margin")
+                 help="mars: acceptance threshold (rule entropy_nats: entropy bound in nats); "
+                      "card / cb: confidence threshold")
+  p.add_argument("--block", type=int, default=0,
+                 help="mars: tokens drafted per forward (0: the run's objective.block_size, "
+                      "4 without a run config); card / dus / eb / cb: block length (0: 4)")
+  p.add_argument("--rule", default="prob",
+                 help="mars: prob | entropy | margin | entropy_nats (accept while H <= tau)")
   p.add_argument("--cache-block", type=int, default=0,
                  help="mars: block-level KV cache of this many slots (0: window cache)")
+  p.add_argument("--accept-window", default="block", choices=("block", "cache"),
+                 help="mars --cache-block: accept up to B tokens per forward (block) or up "
+                      "to the cache block's end (cache, as the reference)")
+  p.add_argument("--window", default="fit", choices=("fit", "full"),
+                 help="mars window cache / --verify: read pending-sized windows (fit) or "
+                      "always the widest (full); the same tokens")
   p.add_argument("--verify", action="store_true", help="mars: self-verified, lossless")
   p.add_argument("--order", default="confidence", help="card: confidence | dus")
   p.add_argument("--steps", type=int, default=0,
@@ -261,9 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--base", type=int, default=2, help="dus: dilation base")
   p.add_argument("--batch", type=int, default=1, help="prompts decoded together")
   p.add_argument("--max-new-tokens", type=int, default=64)
-  p.add_argument("--temperature", type=float, default=0.0, help="ar: 0 = greedy")
-  p.add_argument("--top-p", type=float, default=1.0, help="ar: nucleus size")
-  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--temperature", type=float, default=0.0,
+                 help="ar, mars (not --verify): sampling temperature, 0 = greedy")
+  p.add_argument("--top-p", type=float, default=1.0, help="ar, mars: nucleus size")
+  p.add_argument("--seed", type=int, default=0, help="ar, mars: sampling seed")
   p.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
   p.add_argument("--tokenizer", default="", help="HF tokenizer folder (default: the run's)")
   p.set_defaults(fn=cmd_generate)

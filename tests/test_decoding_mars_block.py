@@ -1,5 +1,6 @@
-"""MARS with the block-level KV cache: equals the no-cache reference, batch equals rows,
-tau = 1 is AR greedy with one token per forward."""
+"""MARS with the block-level KV cache: equals the no-cache reference (acceptance capped at
+B or at the cache block's end), batch equals rows, tau = 1 is AR greedy with one token per
+forward; sampling."""
 
 import pytest
 
@@ -28,6 +29,46 @@ def test_block_cache_equals_recompute(model, cache_block, block):
     # The batch waits for its slowest row at each block, so it needs at least as many.
     assert batch.forwards >= max(f for _, f in refs)
   assert sizes[0] == sizes[-1]  # tau is a runtime value: no recompile
+
+
+@pytest.mark.parametrize("cache_block,block", [(4, 2), (8, 3)])
+def test_cache_block_acceptance_equals_recompute(model, cache_block, block):
+  """accept="cache": one fill may accept up to the cache block's end (the reference's
+  acceptance window), not just B."""
+  sizes = []
+  for tau in (0.0, 0.15, 0.3, 0.7):
+    kw = dict(block=block, cache_block=cache_block, tau=tau, mask_id=63, accept="cache")
+    batch = mars_block.generate(model, PROMPTS, 10, **kw)
+    alone = mars_block.generate(model, PROMPTS[:1], 10, **kw)
+    sizes.append(mars_block._generate._cache_size())
+    refs = [mars_block.block_by_recompute(model, p, 10, **kw) for p in PROMPTS]
+    assert batch.rows() == [tokens for tokens, _ in refs], tau
+    assert batch.forwards >= max(f for _, f in refs)
+    assert alone.rows() == [refs[0][0]] and alone.forwards == refs[0][1]
+  assert sizes[0] == sizes[-1]  # tau is a runtime value: no recompile
+  # tau 0 fills a cache block's c - 1 masks in one forward: the prefill, then per block a
+  # fill and (but for the last block) an extension; capped at B it takes more fills.
+  low = dict(block=block, cache_block=cache_block, tau=0.0, mask_id=63)
+  n_blocks = -(-10 // cache_block)
+  assert mars_block.generate(model, PROMPTS[:1], 10, accept="cache", **low).forwards == (
+      1 + n_blocks + n_blocks - 1)
+  if cache_block - 1 > block:
+    assert mars_block.generate(model, PROMPTS[:1], 10, **low).forwards > 1 + 2 * n_blocks - 1
+
+
+def test_sampling(model):
+  kw = dict(block=3, cache_block=4, tau=0.3, mask_id=63)
+  greedy = mars_block.generate(model, PROMPTS, 12, **kw)
+  zero = mars_block.generate(model, PROMPTS, 12, temperature=0.0, top_p=0.5, seed=3, **kw)
+  assert zero.rows() == greedy.rows() and zero.forwards == greedy.forwards
+  top1 = mars_block.generate(model, PROMPTS, 12, temperature=1.0, top_p=1e-6, seed=3, **kw)
+  assert top1.rows() == greedy.rows() and top1.forwards == greedy.forwards
+  compiled = mars_block._generate._cache_size()
+  a = mars_block.generate(model, PROMPTS, 12, temperature=1.0, seed=1, **kw)
+  assert mars_block.generate(model, PROMPTS, 12, temperature=1.0, seed=1, **kw).rows() == a.rows()
+  assert mars_block.generate(model, PROMPTS, 12, temperature=1.0, seed=2, **kw).rows() != a.rows()
+  assert a.rows() != greedy.rows()
+  assert mars_block._generate._cache_size() == compiled  # sampling knobs are runtime values
 
 
 def test_batch_equals_rows_one_by_one(model):
@@ -82,3 +123,9 @@ def test_bad_arguments(model):
     run(rule="top3")
   with pytest.raises(CardjaxError, match="max_new_tokens=0 must be >= 1"):
     run(max_new_tokens=0)
+  with pytest.raises(CardjaxError, match="accept='all' is not an acceptance window"):
+    run(accept="all")
+  with pytest.raises(CardjaxError, match="tau=-0.5 must be >= 0 for rule entropy_nats"):
+    run(rule="entropy_nats", tau=-0.5)
+  with pytest.raises(CardjaxError, match="temperature=-1 must be >= 0"):
+    run(temperature=-1)

@@ -1,5 +1,6 @@
 """Self-verified MARS: AR greedy token for token, and up to B + 1 tokens per forward when
-the drafts are right."""
+the drafts are right; the narrow window ([p | masks] when no row has drafts) changes
+nothing but the cost."""
 
 import dataclasses
 
@@ -35,12 +36,15 @@ def test_equals_ar_greedy_token_for_token(model, block):
   ar = generate(model, PROMPTS, 16).rows()
   out = mars_verify.generate(model, PROMPTS, 16, block=block, mask_id=63)
   assert out.rows() == ar and out.forwards <= max(out.lengths)
+  full = mars_verify.generate(model, PROMPTS, 16, block=block, mask_id=63, window="full")
+  assert full.rows() == ar and full.forwards == out.forwards
 
 
 def test_batch_of_one(model):
   ar = generate(model, PROMPTS, 16).rows()  # batch equals rows for AR (its own tests)
-  one = mars_verify.generate(model, PROMPTS[:1], 16, block=4, mask_id=63)
-  assert one.rows() == ar[:1] and one.forwards <= one.lengths[0]
+  for window in ("fit", "full"):
+    one = mars_verify.generate(model, PROMPTS[:1], 16, block=4, mask_id=63, window=window)
+    assert one.rows() == ar[:1] and one.forwards <= one.lengths[0]
 
 
 def test_stop_ids(model):
@@ -60,9 +64,11 @@ def test_right_drafts_give_block_plus_one_tokens_per_forward():
   model.embed[...] = jnp.broadcast_to(model.embed[...][:1], model.embed[...].shape)
   block, n = 3, 1 + 2 * (3 + 1)
   token = int(jnp.argmax(model(jnp.asarray([PROMPTS[0]]))[0, -1]))  # greedy AR: token, ...
-  out = mars_verify.generate(model, PROMPTS[:2], n, block=block, mask_id=63)
-  # 1 token (no drafts yet), then block drafts + the bonus token per forward.
-  assert out.rows() == [[token] * n] * 2 and out.forwards == 3
+  # 1 token (no drafts yet: the narrow window), then block drafts + the bonus token per
+  # forward (the wide one).
+  for window in ("fit", "full"):
+    out = mars_verify.generate(model, PROMPTS[:2], n, block=block, mask_id=63, window=window)
+    assert out.rows() == [[token] * n] * 2 and out.forwards == 3
 
 
 def test_bad_arguments(model):
@@ -72,3 +78,5 @@ def test_bad_arguments(model):
     mars_verify.generate(model, PROMPTS, 4, block=4, mask_id=-1)
   with pytest.raises(CardjaxError, match="max_new_tokens=0 must be >= 1"):
     mars_verify.generate(model, PROMPTS, 0, block=4, mask_id=63)
+  with pytest.raises(CardjaxError, match="window='wide' is not a window width"):
+    mars_verify.generate(model, PROMPTS, 4, block=4, mask_id=63, window="wide")

@@ -33,6 +33,9 @@ def test_unknown_method_or_objective():
 
 @pytest.mark.parametrize("method,objective,opt", [
     ("ar", "ar", {}), ("mars", "mars", {"tau": 0.5}), ("mars", "mars", {"verify": True}),
+    ("mars", "mars", {"tau": 0.5, "window": "full", "temperature": 1.0, "seed": 3}),
+    ("mars", "mars", {"tau": 0.4, "cache_block": 8, "accept": "cache", "temperature": 0.8,
+                      "top_p": 0.9}),
     ("card", "card", {"order": "dus", "block": 4})])
 def test_a_frozen_decoder_equals_the_module_and_compiles_once(method, objective, opt):
   """make_decoder splits the model once; its tokens are the module path's, and a second
@@ -54,3 +57,12 @@ def test_a_frozen_decoder_equals_the_module_and_compiles_once(method, objective,
   size = loop._cache_size()
   assert make_decoder(method, shared, objective, options)(PROMPTS[:2] + PROMPTS[2:]).rows() == want
   assert loop._cache_size() == size == 1
+
+
+def test_verify_cannot_sample():
+  from cardjax.decoding.methods import Options, make_decoder
+  from decoding_helpers import tiny_model
+
+  with pytest.raises(CardjaxError, match="--verify decodes exactly AR greedy and cannot "
+                                         "sample \\(temperature=0.5\\)"):
+    make_decoder("mars", tiny_model(), "mars", Options(verify=True, temperature=0.5))

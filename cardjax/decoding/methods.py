@@ -54,14 +54,16 @@ class Options:
   max_new_tokens: int = 64
   stop_ids: Sequence[int] = ()
   pad_id: int = 0
-  temperature: float = 0.0  # ar
-  top_p: float = 1.0  # ar
-  seed: int = 0  # ar sampling
-  tau: float = 0.95  # mars acceptance, card / cb confidence threshold
+  temperature: float = 0.0  # ar, mars (not verify): 0 = greedy
+  top_p: float = 1.0  # ar, mars: nucleus of the sampling
+  seed: int = 0  # ar, mars: sampling seed
+  tau: float = 0.95  # mars acceptance (entropy_nats: nats), card / cb confidence threshold
   block: int = 4  # mars: training B (tokens drafted); card / dus / eb / cb: block length
-  rule: str = "prob"  # mars acceptance: prob | entropy | margin
+  rule: str = "prob"  # mars acceptance: prob | entropy | margin | entropy_nats
   cache_block: int = 0  # mars: block-level KV cache of this many slots (0: window cache)
   verify: bool = False  # mars: self-verified, lossless
+  window: str = "fit"  # mars window cache / verify: fit (pending-sized) | full (2B wide)
+  accept: str = "block"  # mars block cache: accept up to B (block) | the cache block's end
   order: str = "confidence"  # card: fill order inside a block (confidence | dus)
   steps: int = 0  # card / dus / eb / cb: forwards per block before filling the rest (0: B)
   gamma: float = 1.0  # eb: entropy budget
@@ -90,14 +92,20 @@ def make_decoder(method: str, model, objective: str | None, opt: Options) -> Cal
   if method == "mars":
     from cardjax.decoding import mars, mars_block, mars_verify
     if opt.verify:
+      if opt.temperature > 0:
+        raise CardjaxError(f"--verify decodes exactly AR greedy and cannot sample "
+                           f"(temperature={opt.temperature}): drop --verify to sample with "
+                           "MARS, or set --temperature 0")
       return functools.partial(mars_verify.generate, model, block=opt.block, mask_id=mask_id,
-                               **common)
+                               window=opt.window, **common)
+    sampling = dict(temperature=opt.temperature, top_p=opt.top_p, seed=opt.seed)
     if opt.cache_block:
       return functools.partial(mars_block.generate, model, block=opt.block,
                                cache_block=opt.cache_block, tau=opt.tau, mask_id=mask_id,
-                               rule=opt.rule, **common)
+                               rule=opt.rule, accept=opt.accept, **sampling, **common)
     return functools.partial(mars.generate, model, block=opt.block, tau=opt.tau,
-                             mask_id=mask_id, rule=opt.rule, **common)
+                             mask_id=mask_id, rule=opt.rule, window=opt.window, **sampling,
+                             **common)
   planner = opt.planner or {"card": opt.order, "dus": "dus", "eb": "eb", "cb": "cb"}[method]
   knobs = dict(block=opt.block, planner=planner, tau=opt.tau, gamma=opt.gamma,
                remask=opt.remask, spacing=opt.spacing, base=opt.base,
