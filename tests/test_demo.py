@@ -22,6 +22,7 @@ def test_demo_runs_and_reports(tmp_path):
   assert {r["method"] for r in rows} >= {"ar", "mars", "mars --verify", "card", "dus", "eb",
                                           "cb"}
   checks = [r["equals_ar"] for r in rows if "equals_ar" in r]
-  assert len(checks) == 4 and all(checks)  # MARS tau = 1 (window, cache), --verify, CARD AR order
+  assert len(checks) == 5 and all(checks)  # MARS tau = 1 (window, 2B window, cache), --verify,
+  # CARD AR order
   assert all(r["tokens_per_forward"] > 0 and r["tokens_per_second"] > 0 for r in rows)
   assert (tmp_path / "demo" / "decode.md").is_file()

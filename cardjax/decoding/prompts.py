@@ -15,6 +15,8 @@ import numpy as np
 
 from cardjax.errors import CardjaxError
 
+# Read at call time: a benchmark of a deep model, where each compile takes tens of seconds,
+# raises it so a whole prompt set shares one width.
 BUCKET = 16
 
 
@@ -28,13 +30,15 @@ class Generation:
     return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths)]
 
 
-def padded_width(prompts: Sequence[Sequence[int]], bucket: int = BUCKET) -> int:
-  """The width left_pad gives these prompts: the longest, rounded up to `bucket`."""
+def padded_width(prompts: Sequence[Sequence[int]], bucket: int | None = None) -> int:
+  """The width left_pad gives these prompts: the longest, rounded up to `bucket`
+  (default BUCKET)."""
+  bucket = bucket or BUCKET
   return -(-max(len(p) for p in prompts) // bucket) * bucket
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, max_context: int | None = None,
-             bucket: int = BUCKET):
+             bucket: int | None = None):
   """(tokens, positions, segment_ids, lengths) as int32 numpy arrays [batch, width]."""
   if not prompts:
     raise CardjaxError("no prompts given")

@@ -98,7 +98,9 @@ def arith_rows(sft: LoadedRun, mars: LoadedRun, inputs: dict, batches: Sequence[
                                  prompts, batch), "mars", "ar", "kv cache", ar)
     for tau in taus:
       opt = dataclasses.replace(base_opt, tau=tau)
-      settings = [(opt, f"tau={tau} window")]
+      # The pending-sized window (the default) and the 2B-wide one: the same tokens.
+      settings = [(opt, f"tau={tau} window"),
+                  (dataclasses.replace(opt, window="full"), f"tau={tau} window 2B")]
       if cache_block:
         settings.append((dataclasses.replace(opt, cache_block=cache_block),
                          f"tau={tau} cache{cache_block}"))
