@@ -101,7 +101,7 @@ def cmd_import_gguf(args, overrides) -> None:
     extra = {"scan_layers": args.scan_layers, "mask_token_id": mask_id}
     if args.param_dtype:
       extra["param_dtype"] = args.param_dtype
-    model = gguf.from_gguf(f.path, mesh=_mesh(), **extra)
+    model = gguf.from_gguf(f, mesh=_mesh(), **extra)
     path = checkpoint.save_model(args.checkpoint_dir, model, step=args.step,
                                  assets_from=assets)
   print(f"imported {param_count(model):,} parameters ({f.architecture}, [MASK] id {mask_id}) "

@@ -242,14 +242,15 @@ class GGUFTensors:
     return array
 
 
-def from_gguf(path: str | Path, mesh=None, **overrides):
+def from_gguf(path: "str | Path | GGUFFile", mesh=None, **overrides):
   """A Decoder with the file's weights (fp32 unless `param_dtype` says otherwise).
+  `path` may be a GGUFFile already opened (and checked): the file is parsed once.
   `overrides` set ModelConfig fields (scan_layers, param_dtype, mask_token_id, ...); the
   mask id defaults to the tokenizer's (see `mask_token`)."""
   from cardjax.hf import load_tensors
   from cardjax.hf.config import model_config_from_hf
 
-  f = GGUFFile(path)
+  f = path if isinstance(path, GGUFFile) else GGUFFile(path)
   check_file(f)
   values = hf_config(f)
   if "mask_token_id" not in overrides and "tokenizer.ggml.tokens" in f.fields:
