@@ -45,7 +45,7 @@ from cardjax.decoding.frozen import decode_loop
 from cardjax.decoding.prompts import Generation, decode
 from cardjax.decoding.reference import causal_logits
 from cardjax.errors import CardjaxError
-from cardjax.model.cache import EMPTY_SEGMENT, KVCache
+from cardjax.model.cache import KVCache
 
 # Rules whose confidence lies in [0, 1], accepted while >= tau, tau = 1 greedy AR.
 UNIT_RULES = ("prob", "entropy", "margin")
@@ -154,7 +154,6 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
   slot = jnp.arange(block)
   masks = jnp.full((b, block), mask_id, jnp.int32)
   widths = pending_widths(block, window)
-  scratch = jnp.arange(2 * block)[None]
 
   def live(carry):
     return ~jnp.all(carry[5]) & (carry[7] < steps_max)
@@ -181,9 +180,7 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
       # Keep the real pending keys: the next window starts after them (a done row stays).
       cache = dataclasses.replace(cache, index=start + jnp.where(done, 0, n_pending))
       if len(widths) > 1:  # see the module docstring: stale scratch must not stay visible
-        segs = cache.segments.at[jnp.arange(b)[:, None], cache.index[:, None] + scratch].set(
-            EMPTY_SEGMENT, mode="drop")
-        cache = dataclasses.replace(cache, segments=segs)
+        cache = cache.forget_scratch(2 * block)
       probs = jax.nn.softmax(slot_logits.astype(jnp.float32), axis=-1)
       rng, key = jax.random.split(rng)
       guess = pick_tokens(jnp.argmax(probs, axis=-1).astype(jnp.int32), slot_logits, key,

@@ -39,7 +39,7 @@ from cardjax.decoding.frozen import decode_loop
 from cardjax.decoding.mars import WINDOWS
 from cardjax.decoding.prompts import Generation, decode
 from cardjax.errors import CardjaxError
-from cardjax.model.cache import EMPTY_SEGMENT, KVCache
+from cardjax.model.cache import KVCache
 
 
 def accept_drafts(drafts, n_drafts, greedy):
@@ -68,7 +68,6 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
   rows = jnp.arange(b)[:, None]
   masks = jnp.full((b, block), mask_id, jnp.int32)
   ones = jnp.ones((b, 1), jnp.int32)
-  scratch = jnp.arange(1 + 2 * block)[None]
 
   def wide(cache, pending, drafts, n_drafts, committed):
     """[p | d_1..d_B (n_drafts valid) | M_1..M_B]: (argmax [b, 1 + 2B], cache)."""
@@ -106,9 +105,7 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
       # The cache keeps p and the kept drafts: the row's next window starts after them.
       cache = dataclasses.replace(cache, index=start + jnp.where(done, 0, commit))
       if window != "full":  # see the module docstring: stale scratch must not stay visible
-        segs = cache.segments.at[rows, cache.index[:, None] + scratch].set(EMPTY_SEGMENT,
-                                                                            mode="drop")
-        cache = dataclasses.replace(cache, segments=segs)
+        cache = cache.forget_scratch(1 + 2 * block)
       # Output: clip at the first stop token and at the budget; done rows take nothing.
       is_stop = jnp.isin(greedy, stop_ids) & (verified < commit[:, None])
       first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1) + 1,

@@ -59,6 +59,16 @@ class KVCache:
     b = self.segments.shape[0]
     return dataclasses.replace(self, index=jnp.broadcast_to(self.index, (b,)))
 
+  def forget_scratch(self, n: int) -> "KVCache":
+    """The cache with the n slots from each row's (per-row) index marked empty: scratch
+    written by a window that a narrower next window will not overwrite must not stay
+    visible, since attention decides visibility by position and segment, not by slot.
+    Slots past the end are dropped."""
+    rows = jnp.arange(self.segments.shape[0])[:, None]
+    at = self.index[:, None] + jnp.arange(n)[None]
+    return dataclasses.replace(
+        self, segments=self.segments.at[rows, at].set(EMPTY_SEGMENT, mode="drop"))
+
   def write_meta(self, meta) -> "KVCache":
     """The cache with the new tokens' metadata at [index, index + t)."""
     pos, streams, seg = meta
