@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from cardjax.decoding import cpu_options, mars
+from cardjax.decoding import mars
 from cardjax.decoding.frozen import freeze
 from cardjax.model import ModelConfig, create_model
 from cardjax.model.cache import KVCache
@@ -45,7 +45,7 @@ MARS_PROMPTS, MARS_PROMPT_LEN, MARS_NEW = 8, 24, 64
 
 
 def forward_ms(graphdef, state, batch: int, tokens: int, slots: int, repeats: int = 3) -> float:
-  @cpu_options.jit  # as the decoders compile their loops
+  @jax.jit
   def loop(state):
     model = nnx.merge(graphdef, state)
     cache = KVCache.create(model.cfg, batch, slots)

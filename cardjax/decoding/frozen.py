@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import functools
 
+import jax
 from flax import nnx
-
-from cardjax.decoding import cpu_options
 
 
 class Frozen:
@@ -26,8 +25,8 @@ class Frozen:
 
   def compiled(self, loop: "DecodeLoop"):
     if loop not in self._compiled:
-      self._compiled[loop] = cpu_options.jit(functools.partial(loop.fn, self.graphdef),
-                                             static_argnames=loop.static)
+      self._compiled[loop] = jax.jit(functools.partial(loop.fn, self.graphdef),
+                                     static_argnames=loop.static)
     return functools.partial(self._compiled[loop], self.state)
 
 
@@ -40,13 +39,8 @@ class DecodeLoop:
 
   def __init__(self, fn, static: tuple[str, ...]):
     self.fn, self.static = fn, static
+    self.jitted = jax.jit(fn, static_argnames=("graphdef",) + static)
     functools.update_wrapper(self, fn)
-
-  @functools.cached_property
-  def jitted(self):
-    # Made on first use: the compiler options depend on the backend, which importing a
-    # decoder module must not initialise.
-    return cpu_options.jit(self.fn, static_argnames=("graphdef",) + self.static)
 
   def __call__(self, model, *args, **static):
     if isinstance(model, Frozen):
