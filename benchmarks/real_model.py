@@ -39,7 +39,6 @@ from cardjax.decoding import evaluate  # noqa: E402
 from cardjax.decoding.frozen import Frozen  # noqa: E402
 from cardjax.decoding.methods import Options, make_decoder  # noqa: E402
 from cardjax.decoding import prompts as prompts_module  # noqa: E402
-from cardjax.decoding.prompts import padded_width  # noqa: E402
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -61,13 +60,7 @@ class Timed:
 
 def measure(decode, prompts, batch: int, repeats: int) -> Timed:
   """Warm up every compiled shape, then decode the whole set `repeats` times."""
-  chunks = [list(prompts[i:i + batch]) for i in range(0, len(prompts), batch)]
-  seen = set()
-  for chunk in chunks:
-    key = (len(chunk), padded_width(chunk))
-    if key not in seen:
-      seen.add(key)
-      decode(chunk)
+  chunks = evaluate.warm_up(decode, prompts, batch)
   seconds, rows, row_forwards = [], None, 0
   for _ in range(repeats):
     start, out_rows, fw = time.perf_counter(), [], 0

@@ -81,6 +81,19 @@ def exact_match(rows: Sequence[Sequence[int]], answers: Sequence[str], tokenizer
   return float(np.mean(graded))
 
 
+def warm_up(decode: Callable, prompts: Sequence[Sequence[int]], batch: int) -> list[list]:
+  """The prompts in chunks of `batch`, after decoding one chunk of each compiled shape
+  (rows, padded width), so a timing that follows measures no compile."""
+  chunks = [list(prompts[i:i + batch]) for i in range(0, len(prompts), batch)]
+  seen = set()
+  for chunk in chunks:
+    key = (len(chunk), padded_width(chunk))
+    if key not in seen:
+      seen.add(key)
+      decode(chunk)
+  return chunks
+
+
 def timed(decode: Callable, prompts: Sequence[Sequence[int]], batch: int,
           repeats: int = 1, min_seconds: float = 0.0) -> Run:
   """Decode `prompts` in batches of `batch` with decode(chunk) -> Generation; compile first,
@@ -88,13 +101,7 @@ def timed(decode: Callable, prompts: Sequence[Sequence[int]], batch: int,
   min_seconds decodes the set again (same tokens) until it is not, and is divided by the
   passes: a 2-core VM on a shared host varies by tens of percent over a fraction of a
   second, and the fastest of a few such timings still missed by up to 60%."""
-  chunks = [list(prompts[i:i + batch]) for i in range(0, len(prompts), batch)]
-  seen = set()
-  for chunk in chunks:  # one warm-up per compiled shape
-    key = (len(chunk), padded_width(chunk))  # the compiled shape
-    if key not in seen:
-      seen.add(key)
-      decode(chunk)
+  chunks = warm_up(decode, prompts, batch)
   best = None
   for _ in range(repeats):
     passes, start = 0, time.perf_counter()
