@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # a test is compiling or waiting on a subprocess, so two overlap (28 -> 21 min there).
 TEST_WORKERS ?= 2
 
-.PHONY: demo test test-slow bench-decode bench-pack smollm2 bench-real install clean
+.PHONY: demo test test-slow bench-decode bench-check bench-pack smollm2 bench-real install clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,11 +32,17 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
 
-# The decoding benchmark: trains configs/decode_bench.py's models (about 40 min on 2 CPU
-# cores), then prints the speed-quality table and writes runs/bench_decode/decode.png.
+# The decoding benchmark: trains configs/decode_bench.py's models for 3 training seeds
+# (about 40 min a seed on 2 CPU cores), then prints the speed-quality table (quality: mean
+# and range over seeds) and writes runs/bench_decode/decode.png.
 bench-decode: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,bench]'
 	$(BIN)/python benchmarks/decode.py --workdir runs/bench_decode
+
+# Re-runs a small decode benchmark (arith, 3 seeds, batch 1) and checks every row against
+# the recorded one (docs/bench_check.json) within its spread; exits 1 when one is outside.
+bench-check: $(STAMP)
+	$(BIN)/python benchmarks/check.py --workdir runs/bench_check
 
 # For a machine with an accelerator and no network (benchmarks/decode_offline.sh): the
 # trained runs and prompt sets of bench-decode (trained here if missing, about 40 min on

@@ -9,8 +9,11 @@
 3. code: AR vs CARD blocks (confidence tau sweep, DUS, EB, CB) for clean_fraction 0 and
    0.5, and MDLM with DUS vs the confidence planner at the same forwards; NLL of the
    continuation under the AR model.
-Prints one table (tokens per forward, tokens/s, speedup over AR at the same batch size,
-quality) and writes results.json, decode.md and decode.png under the workdir (and each row
+Every model is trained once per --seeds seed (default 0,1,2: init, data order and corruption
+keys); quality is the mean and range over seeds, and tokens/s the median and range over
+--repeats timings of the first seed's models (the other seeds are decoded once, untimed, at
+the largest batch). Prints one table (tokens per forward, tokens/s, speedup over AR at the
+same batch size, quality) with the machine, and writes results.json, decode.md and decode.png under the workdir (and each row
 to decode_rows.md as it is measured). The prompt sets are saved as ids in inputs.json, and
 the runs carry their tokenizers, so `--no-train` on another machine (a GPU box without the
 datasets) decodes the same prompts with the same models: see docs/decoding.md.
@@ -21,12 +24,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
-import jax
-
+from cardjax import machine
 from cardjax.config import load_config
 from cardjax.data.prepare import prepare
 from cardjax.decoding import suite
@@ -36,9 +37,15 @@ MODELS = ("sft", "mars", "ar", "card", "card_half", "mdlm")
 PROMPT_LEN = 32  # code prompts: ids taken from held-out documents
 
 
-def trained_runs(workdir: Path, names) -> dict[str, Path]:
+def run_dir(workdir: Path, name: str, seed: int) -> Path:
+  """Seed 0's runs in workdir/runs/NAME (where bench-pack and --no-train look), any other
+  seed's in workdir/runs/seedS/NAME."""
+  return workdir / "runs" / (name if seed == 0 else f"seed{seed}/{name}")
+
+
+def trained_runs(workdir: Path, names, seed: int = 0) -> dict[str, Path]:
   """The finished runs under workdir/runs, without training (another machine's runs)."""
-  runs = {name: workdir / "runs" / name for name in names}
+  runs = {name: run_dir(workdir, name, seed) for name in names}
   missing = [str(p) for p in runs.values() if not (p / "checkpoints").is_dir()]
   if missing:
     raise SystemExit(f"--no-train: no trained run at {', '.join(missing)}; train them first "
@@ -46,11 +53,14 @@ def trained_runs(workdir: Path, names) -> dict[str, Path]:
   return runs
 
 
-def train_models(workdir: Path, data_dir: Path, scale: float, names=MODELS) -> dict[str, Path]:
-  """Each decode_bench model trained (or resumed to its last step) under workdir/runs."""
+def train_models(workdir: Path, data_dir: Path, scale: float, names=MODELS,
+                 seed: int = 0) -> dict[str, Path]:
+  """Each decode_bench model trained with config.seed = seed (init, data order, corruption),
+  or resumed to its last step, under run_dir."""
   runs = {}
   for name in names:
-    flags = [f"--config.data.data_dir={data_dir}", "--config.train.progress=false"]
+    flags = [f"--config.data.data_dir={data_dir}", "--config.train.progress=false",
+             f"--config.seed={seed}"]
     if name == "mars":
       flags.append(f"--config.train.init_from={runs['sft'] / 'checkpoints'}")
     config = load_config(f"configs/decode_bench.py:{name}", flags)
@@ -59,10 +69,10 @@ def train_models(workdir: Path, data_dir: Path, scale: float, names=MODELS) -> d
       config.train.checkpoint_every = config.train.steps
     prepare(config)
     start = time.time()
-    out = train(config, workdir / "runs" / name)
-    runs[name] = workdir / "runs" / name
+    runs[name] = run_dir(workdir, name, seed)
+    out = train(config, runs[name])
     loss = out["train"].get("loss")  # none when the run had already finished
-    print(f"   {name}: {config.train.steps} steps, "
+    print(f"   {name} (seed {seed}): {config.train.steps} steps, "
           + (f"loss {loss:.3f} ({time.time() - start:.0f}s)" if loss is not None
              else "trained before"), flush=True)
   return runs
@@ -135,46 +145,72 @@ def main() -> None:
   parser.add_argument("--card-taus", default="0.9,0.7,0.5")
   parser.add_argument("--code-models", default="card,card_half,mdlm",
                       help="the code models to compare with AR (empty: skip the code task)")
-  parser.add_argument("--repeats", type=int, default=5, help="timings per row; the fastest")
+  parser.add_argument("--repeats", type=int, default=5,
+                      help="timings per row: tokens/s is their median, with their range")
   parser.add_argument("--min-seconds", type=float, default=1.0,
                       help="a timing repeats the prompt set until it lasts this long")
+  parser.add_argument("--seeds", default="0,1,2",
+                      help="training seeds: every quality figure is their mean and range; "
+                           "the first seed's models are also timed at every batch size")
   args = parser.parse_args()
   workdir = Path(args.workdir).absolute()
   batches = [int(b) for b in args.batches.split(",")]
+  seeds = [int(s) for s in args.seeds.split(",")]
   n_arith, n_code, scale = args.n_arith, args.n_code, 1.0
   if args.quick:
     n_arith, n_code, scale = 32, 16, 0.1
   code_models = [m for m in args.code_models.split(",") if m]
   names = ["sft", "mars"] + (["ar"] + code_models if code_models else [])
-  print(f"== decode benchmark: {platform.processor() or platform.machine()}, "
-        f"{jax.device_count()} x {jax.devices()[0].device_kind}, jax {jax.__version__}")
-  if args.no_train:
-    print("== 1/3 the trained runs under " + str(workdir / "runs"), flush=True)
-    runs = trained_runs(workdir, names)
-  else:
-    print("== 1/3 train the models (configs/decode_bench.py)", flush=True)
-    runs = train_models(workdir, workdir / "data", scale, names)
-  loaded = {name: suite.load_run(path) for name, path in runs.items()}
+  info = machine.describe()
+  print(f"== decode benchmark: {machine.line(info)}")
+  runs = {}
+  for seed in seeds:
+    if args.no_train:
+      print(f"== 1/3 the trained runs of seed {seed}", flush=True)
+      runs[seed] = trained_runs(workdir, names, seed)
+    else:
+      print(f"== 1/3 train the models of seed {seed} (configs/decode_bench.py)", flush=True)
+      runs[seed] = train_models(workdir, workdir / "data", scale, names, seed)
+  loaded = {name: suite.load_run(path) for name, path in runs[seeds[0]].items()}
   sets = inputs(workdir, loaded, n_arith, n_code, bool(code_models))
   if args.train_only:
-    print(f"== trained {', '.join(names)}; prompt sets in {workdir / 'inputs.json'}")
+    print(f"== trained {', '.join(names)} for seeds {seeds}; prompt sets in "
+          f"{workdir / 'inputs.json'}")
     return
   log = Log(workdir / "decode_rows.md")
+  taus = [float(t) for t in args.taus.split(",")]
+  card_taus = [float(t) for t in args.card_taus.split(",")]
 
-  print("== 2/3 arith: AR SFT vs MARS\n" + suite.HEADER, flush=True)
-  rows = suite.arith_rows(loaded["sft"], loaded["mars"], sets["arith"], batches,
-                          [float(t) for t in args.taus.split(",")], block=4, cache_block=16,
-                          max_new_tokens=96, repeats=args.repeats,
-                          min_seconds=args.min_seconds, log=log)
-  if code_models:
-    print("== 3/3 code: AR vs CARD and MDLM\n" + suite.HEADER, flush=True)
-    rows += suite.code_rows(loaded["ar"], {m: loaded[m] for m in code_models if m != "mdlm"},
-                            loaded.get("mdlm"), sets["code"], batches=batches,
-                            taus=[float(t) for t in args.card_taus.split(",")], block=8,
-                            max_new_tokens=64, repeats=args.repeats,
-                            min_seconds=args.min_seconds, log=log)
-  (workdir / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
-  (workdir / "decode.md").write_text(suite.table(rows) + "\n")
+  def decode(loaded, batches, repeats, min_seconds, log):
+    rows = suite.arith_rows(loaded["sft"], loaded["mars"], sets["arith"], batches, taus,
+                            block=4, cache_block=16, max_new_tokens=96, repeats=repeats,
+                            min_seconds=min_seconds, log=log)
+    if code_models:
+      rows += suite.code_rows(loaded["ar"],
+                              {m: loaded[m] for m in code_models if m != "mdlm"},
+                              loaded.get("mdlm"), sets["code"], batches=batches, taus=card_taus,
+                              block=8, max_new_tokens=64, repeats=repeats,
+                              min_seconds=min_seconds, log=log)
+    return rows
+
+  by_seed = {}
+  print(f"== 2/3 seed {seeds[0]}: every method at batches {batches}, timed\n" + suite.HEADER,
+        flush=True)
+  by_seed[seeds[0]] = decode(loaded, batches, args.repeats, args.min_seconds, log)
+  for seed in seeds[1:]:
+    # Quality only: one untimed pass at the largest batch (the tokens do not depend on it).
+    print(f"== 3/3 seed {seed}: quality at batch {max(batches)}\n" + suite.HEADER, flush=True)
+    by_seed[seed] = decode({n: suite.load_run(p) for n, p in runs[seed].items()}, [max(batches)],
+                           1, 0.0, print)
+  rows = suite.merge_seeds(by_seed)
+  (workdir / "results.json").write_text(json.dumps(
+      {"machine": info, "args": vars(args), "rows": rows,
+       "by_seed": {str(k): v for k, v in by_seed.items()}}, indent=2) + "\n")
+  (workdir / "decode.md").write_text(
+      f"Machine: {machine.line(info)}; quality: mean [range] over seeds {seeds}; tokens/s: "
+      f"seed {seeds[0]}'s models, median [range] of {args.repeats} repeats\n\n"
+      + suite.table(rows) + "\n")
+  print("\n" + suite.table(rows))
   try:
     plot(rows, workdir / "decode.png")
     print(f"== wrote {workdir / 'decode.png'}")

@@ -2,7 +2,7 @@
 
   python benchmarks/pack_runs.py runs/bench_decode runs/bench_pack
 
-For each run: its latest step's params, model config and run config (no optimizer state,
+For each run (every training seed's): its latest step's params, model config and run config (no optimizer state,
 no data iterator), and its tokenizer in checkpoints/hf_assets; then inputs.json (the
 prompt sets as ids). The copy is a few MB per small model, so it travels to a machine that
 has no datasets (or another Python, whose stdlib corpus differs), e.g. a GPU box:
@@ -57,9 +57,13 @@ def main() -> None:
                      "(it saves the prompt sets there)")
   args.out.mkdir(parents=True, exist_ok=True)
   shutil.copy2(inputs, args.out / "inputs.json")
-  for run in sorted(p for p in (args.workdir / "runs").iterdir() if (p / "checkpoints").is_dir()):
-    step = pack_run(run, args.out / "runs" / run.name)
-    print(f"packed {run.name} step {step}")
+  # Seed 0's runs in runs/NAME, other training seeds' in runs/seedS/NAME (decode.py --seeds).
+  runs_dir = args.workdir / "runs"
+  for run in sorted(p for p in [*runs_dir.iterdir(), *runs_dir.glob("seed*/*")]
+                    if (p / "checkpoints").is_dir()):
+    name = run.relative_to(runs_dir)
+    step = pack_run(run, args.out / "runs" / name)
+    print(f"packed {name} step {step}")
   size = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
   print(f"{args.out}: {size / 2**20:.1f} MiB")
 

@@ -288,3 +288,13 @@ def test_load_unbuilt_and_unknown_split(tmp_path):
   with pytest.raises(CardjaxError, match=r"no split 'validation'; available splits: "
                      r"(train, test|test, train)$"):
     load_source("arith_sft", "validation", tmp_path, train_size=10, test_size=2)
+
+
+def test_arith_step_accuracy_checks_each_worked_step():
+  from cardjax.data import arith
+  for i in range(20):
+    response = arith.problem(0, i)["response"]
+    correct, written = arith.step_accuracy(response)
+    assert correct == written >= 2  # the reference works every step out right
+  assert arith.step_accuracy("5 + 4 = 9. 9 * 3 = 28. 28 - 30 = -2. The answer is -2.") == (2, 3)
+  assert arith.step_accuracy("The answer is 7.") == (0, 0)

@@ -2,6 +2,7 @@
 
 import jax
 import numpy as np
+import pytest
 
 from cardjax.decoding import evaluate, generate
 from decoding_helpers import tiny_model
@@ -47,3 +48,26 @@ def test_timed_repeats_a_short_set_to_min_seconds():
   assert len(calls) - n_once > 2 * len(prompts) + 2  # warm-up, then more than one pass
   assert run.rows == once.rows and run.forwards == once.forwards
   assert run.seconds < 0.2  # per pass
+
+
+def test_timed_keeps_every_repeat_and_reports_their_median():
+  model = tiny_model()
+  prompts = [[5, 9, 2], [1], [7, 7]]
+  run = evaluate.timed(lambda chunk: generate(model, chunk, 4), prompts, batch=2, repeats=3)
+  assert len(run.repeat_seconds) == 3
+  assert run.seconds == sorted(run.repeat_seconds)[1]
+  low, high = run.tokens_per_second_range
+  assert low <= run.tokens_per_second <= high
+  assert low == run.tokens / max(run.repeat_seconds)
+
+
+def test_timed_rejects_a_decoder_that_changes_its_tokens():
+  model = tiny_model()
+  calls = []
+
+  def flaky(chunk):
+    calls.append(1)
+    return generate(model, chunk, 2 + len(calls) % 2)  # a different length each pass
+
+  with pytest.raises(RuntimeError, match="not deterministic"):
+    evaluate.timed(flaky, [[5, 9, 2]], batch=1, repeats=2)

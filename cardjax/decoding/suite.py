@@ -55,6 +55,7 @@ def _row(task, model, method, setting, run: evaluate.Run, base: evaluate.Run | N
          "batch": run.batch, "tokens": run.tokens, "forwards": run.forwards,
          "tokens_per_forward": run.tokens_per_forward,
          "tokens_per_second": run.tokens_per_second,
+         "tokens_per_second_range": list(run.tokens_per_second_range),
          "speedup": run.tokens_per_second / base.tokens_per_second if base else 1.0}
   row.update(quality)
   return row
@@ -165,20 +166,53 @@ def code_rows(ar: LoadedRun, cards: dict, mdlm: LoadedRun | None, inputs: dict,
   return rows
 
 
-HEADER = ("| task | model | method | setting | batch | tokens/forward | tokens/s | speedup vs AR "
-          "| quality |\n|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| task | model | method | setting | batch | tokens/forward | tokens/s median "
+          "[range] | speedup vs AR | quality |\n|---|---|---|---|---|---|---|---|---|")
+QUALITY = {"exact_match": "EM", "judge_nll": "NLL"}
+
+
+def merge_seeds(by_seed: dict[int, list[dict]]) -> list[dict]:
+  """The first seed's rows (speed: its timings), each with the quality of the same decoder
+  (task, model, method, setting) under every seed: `{quality}_seeds`, and the quality
+  itself replaced by the mean over seeds. Seeds after the first may be decoded at one batch
+  size only (their quality does not depend on it); a row takes the same batch's figure where
+  there is one, else any batch's."""
+  seeds = sorted(by_seed)
+  out = []
+  for row in by_seed[seeds[0]]:
+    key = (row["task"], row["model"], row["method"], row["setting"])
+    metric = next(q for q in QUALITY if q in row)
+    values, same = [], [row.get("equals_ar")]
+    for seed in seeds:
+      match = [r for r in by_seed[seed] if (r["task"], r["model"], r["method"],
+                                           r["setting"]) == key]
+      if not match:
+        raise ValueError(f"seed {seed} has no row for {key}; decode every seed with the "
+                         "same methods")
+      pick = next((r for r in match if r["batch"] == row["batch"]), match[0])
+      values.append(pick[metric])
+      same.append(pick.get("equals_ar"))
+    merged = {**row, metric: sum(values) / len(values), f"{metric}_seeds": values,
+              "seeds": seeds}
+    if "equals_ar" in row:
+      merged["equals_ar"] = all(s is not False for s in same)
+    out.append(merged)
+  return out
 
 
 def format_row(row: dict) -> str:
-  if "exact_match" in row:
-    quality = f"EM {100 * row['exact_match']:.1f}%"
-  else:
-    quality = f"NLL {row['judge_nll']:.3f}"
+  metric = next(q for q in QUALITY if q in row)
+  fmt = (lambda v: f"{100 * v:.1f}%") if metric == "exact_match" else (lambda v: f"{v:.3f}")
+  quality = f"{QUALITY[metric]} {fmt(row[metric])}"
+  values = row.get(f"{metric}_seeds")
+  if values and len(values) > 1:
+    quality += f" [{fmt(min(values))}-{fmt(max(values))}, {len(values)} seeds]"
   if "equals_ar" in row:
     quality += " (= AR tokens)" if row["equals_ar"] else " (DIFFERS from AR)"
+  low, high = row.get("tokens_per_second_range", (row["tokens_per_second"],) * 2)
   return (f"| {row['task']} | {row['model']} | {row['method']} | {row['setting']} | "
           f"{row['batch']} | {row['tokens_per_forward']:.2f} | {row['tokens_per_second']:.0f} "
-          f"| {row['speedup']:.2f}x | {quality} |")
+          f"[{low:.0f}-{high:.0f}] | {row['speedup']:.2f}x | {quality} |")
 
 
 def table(rows: Sequence[dict]) -> str:

@@ -1,0 +1,61 @@
+"""Re-run the small recorded decode benchmark and check it lands inside the recorded spread.
+
+  python benchmarks/check.py                      # make bench-check
+  python benchmarks/check.py --record             # after a run: record its results
+
+The recorded run is docs/bench_check.json: the results.json of `benchmarks/decode.py` with
+CHECK_ARGS (arith only, 3 training seeds, batch 1). The check trains and decodes the same
+command in --workdir (a fresh one unless it holds finished runs) and compares every row
+(cardjax.decoding.recorded): quality within the seeds' range, tokens per forward within
+10%, and the speedup within its timing range on a processor of the recorded model (on
+another it is printed, not judged). Exits 1 when a row is outside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from cardjax.decoding import recorded  # noqa: E402
+
+RECORD = ROOT / "docs" / "bench_check.json"
+CHECK_ARGS = ["--code-models", "", "--batches", "1", "--taus", "1.0,0.95", "--n-arith", "64",
+              "--seeds", "0,1,2", "--repeats", "3"]
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--workdir", default="runs/bench_check")
+  parser.add_argument("--record", action="store_true",
+                      help="copy WORKDIR/results.json to docs/bench_check.json, check nothing")
+  parser.add_argument("--quality-slack", type=float, default=0.05)
+  args = parser.parse_args()
+  results = Path(args.workdir) / "results.json"
+  if args.record:
+    if not results.is_file():
+      raise SystemExit(f"{results} is missing: run `python benchmarks/check.py` (or "
+                       f"benchmarks/decode.py {' '.join(map(repr, CHECK_ARGS))}) first")
+    shutil.copy2(results, RECORD)
+    print(f"recorded {results} as {RECORD}")
+    return
+  subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode.py"), "--workdir",
+                  args.workdir, *CHECK_ARGS], check=True)
+  if not RECORD.is_file():
+    raise SystemExit(f"{RECORD} is missing: nothing recorded to check against; record this "
+                     f"run with `python benchmarks/check.py --workdir {args.workdir} --record`")
+  verdicts = recorded.compare(json.loads(RECORD.read_text()), json.loads(results.read_text()),
+                              quality_slack=args.quality_slack)
+  print(recorded.report(verdicts))
+  sys.exit(0 if all(v.ok for v in verdicts) else 1)
+
+
+if __name__ == "__main__":
+  main()
