@@ -68,9 +68,9 @@ def grade(generated: str, answer: str) -> bool:
 
 
 def step_accuracy(generated: str) -> tuple[int, int]:
-  """(correct, written) worked steps "a op b = c." in a response. Exact match needs every
-  step right, so it is about (per-step accuracy) ** steps: 0.95 per step is 81% over four
-  steps, 0.85 is 52%; a small change in the model moves exact match several times as far."""
+  """(correct, written) worked steps "a op b = c." in a response: the arithmetic alone.
+  Exact match also needs the right operands from the story and every step present, which
+  this does not check, so it tells arithmetic errors apart from reading errors."""
   ops = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
   steps = STEP.findall(generated)
   return sum(ops[op](int(a), int(b)) == int(c) for a, op, b, c in steps), len(steps)
