@@ -13,10 +13,11 @@ Every model is trained once per --seeds seed (default 0,1,2: init, data order an
 keys); quality is the mean and range over seeds, and tokens/s the median and range over
 --repeats timings of the first seed's models (the other seeds are decoded once, untimed, at
 the largest batch). Prints one table (tokens per forward, tokens/s, speedup over AR at the
-same batch size, quality) with the machine, and writes results.json, decode.md and decode.png under the workdir (and each row
-to decode_rows.md as it is measured). The prompt sets are saved as ids in inputs.json, and
-the runs carry their tokenizers, so `--no-train` on another machine (a GPU box without the
-datasets) decodes the same prompts with the same models: see docs/decoding.md.
+same batch size, quality) with the machine, and writes results.json, decode.md and
+decode.png under the workdir (and each row to decode_rows.md as it is measured). The
+prompt sets are saved as ids in inputs.json, and the runs carry their tokenizers, so
+`--no-train` on another machine (a GPU box without the datasets) decodes the same prompts
+with the same models: see docs/decoding.md.
 Needs matplotlib for the PNG (pip install -e '.[bench]').
 """
 

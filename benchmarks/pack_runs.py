@@ -2,10 +2,11 @@
 
   python benchmarks/pack_runs.py runs/bench_decode runs/bench_pack
 
-For each run (every training seed's): its latest step's params, model config and run config (no optimizer state,
-no data iterator), and its tokenizer in checkpoints/hf_assets; then inputs.json (the
-prompt sets as ids). The copy is a few MB per small model, so it travels to a machine that
-has no datasets (or another Python, whose stdlib corpus differs), e.g. a GPU box:
+For each run (every training seed's): its latest step's params, model config and run
+config (no optimizer state, no data iterator), and its tokenizer in checkpoints/hf_assets;
+then inputs.json (the prompt sets as ids). The copy is a few MB per small model, so it
+travels to a machine that has no datasets (or another Python, whose stdlib corpus
+differs), e.g. a GPU box:
 
   python benchmarks/decode.py --workdir runs/bench_pack --no-train
 """

@@ -24,20 +24,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cardjax import checkpoint, machine  # noqa: E402
-from cardjax.config import merge_into_base  # noqa: E402
-from cardjax.decoding import evaluate  # noqa: E402
-from cardjax.decoding.frozen import Frozen  # noqa: E402
+from cardjax.decoding import evaluate, suite  # noqa: E402
 from cardjax.decoding.methods import Options, make_decoder  # noqa: E402
 
 
-def one_pass(decode, chunks) -> tuple[float, int, int]:
+def timed_pass(decode, chunks) -> tuple[float, int, int]:
   """(seconds, tokens, row-forwards) of one pass over the chunks."""
-  start, tokens, row_forwards = time.perf_counter(), 0, 0
-  for chunk in chunks:
-    out = decode(chunk)
-    tokens += sum(len(r) for r in out.rows())
-    row_forwards += out.forwards * len(chunk)
-  return time.perf_counter() - start, tokens, row_forwards
+  start = time.perf_counter()
+  rows, _, row_forwards = evaluate.one_pass(decode, chunks)
+  return time.perf_counter() - start, sum(len(r) for r in rows), row_forwards
 
 
 def main() -> None:
@@ -52,12 +47,10 @@ def main() -> None:
   parser.add_argument("--max-new-tokens", type=int, default=80)
   parser.add_argument("--out", default="", help="a JSON file for the rounds")
   args = parser.parse_args()
-  root = Path(args.run) / "checkpoints"
-  model, step = checkpoint.restore_model(root)
-  config = merge_into_base(checkpoint.read_run_config(root))
-  tok = checkpoint.load_tokenizer(root, model.cfg)
+  run = suite.load_run(args.run)
+  config, tok, frozen = run.config, run.tokenizer, run.frozen
+  step = checkpoint.latest_step(Path(args.run) / "checkpoints")
   prompts, _ = evaluate.arith_problems(config, tok, args.n)
-  frozen = Frozen(model)
   opt = Options(max_new_tokens=args.max_new_tokens, stop_ids=tok.stop_ids, pad_id=tok.pad_id,
                 block=int(config.objective.block_size))
   methods = {"ar": make_decoder("ar", frozen, "mars", opt)}
@@ -73,7 +66,7 @@ def main() -> None:
   chunks = {name: evaluate.warm_up(d, prompts, args.batch) for name, d in methods.items()}
   rounds = []
   for r in range(args.pairs):
-    got = {name: one_pass(methods[name], chunks[name]) for name in methods}
+    got = {name: timed_pass(methods[name], chunks[name]) for name in methods}
     rounds.append({name: {"seconds": s, "tokens": t, "row_forwards": f}
                    for name, (s, t, f) in got.items()})
     ar_rate = got["ar"][1] / got["ar"][0]

@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -41,39 +39,6 @@ from cardjax.decoding.methods import Options, make_decoder  # noqa: E402
 from cardjax.decoding import prompts as prompts_module  # noqa: E402
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-@dataclasses.dataclass
-class Timed:
-  rows: list[list[int]]
-  seconds: list[float]  # one whole pass over the prompts per repeat
-  row_forwards: int
-  batch: int
-
-  @property
-  def tokens(self) -> int:
-    return sum(len(r) for r in self.rows)
-
-  def rates(self) -> list[float]:
-    return [self.tokens / s for s in self.seconds]
-
-
-def measure(decode, prompts, batch: int, repeats: int) -> Timed:
-  """Warm up every compiled shape, then decode the whole set `repeats` times."""
-  chunks = evaluate.warm_up(decode, prompts, batch)
-  seconds, rows, row_forwards = [], None, 0
-  for _ in range(repeats):
-    start, out_rows, fw = time.perf_counter(), [], 0
-    for chunk in chunks:
-      out = decode(chunk)
-      out_rows += out.rows()
-      fw += out.forwards * len(chunk)
-    seconds.append(time.perf_counter() - start)
-    if rows is None:
-      rows, row_forwards = out_rows, fw
-    elif out_rows != rows:
-      raise RuntimeError("a repeat decoded different tokens: the decoder is not deterministic")
-  return Timed(rows, seconds, row_forwards, batch)
 
 
 class HFDecode:
@@ -137,12 +102,11 @@ def forward_cost(frozen: Frozen, batches, tokens=(1, 4, 8, 16), slots: int = 256
   return out
 
 
-def summary(t: Timed) -> dict:
-  rates = t.rates()
+def summary(t: evaluate.Run) -> dict:
+  low, high = t.tokens_per_second_range
   return {"tokens": t.tokens, "row_forwards": t.row_forwards,
-          "tokens_per_forward": t.tokens / max(1, t.row_forwards),
-          "tokens_per_s": statistics.median(rates), "tokens_per_s_min": min(rates),
-          "tokens_per_s_max": max(rates), "seconds": t.seconds}
+          "tokens_per_forward": t.tokens_per_forward, "tokens_per_s": t.tokens_per_second,
+          "tokens_per_s_min": low, "tokens_per_s_max": high, "seconds": t.repeat_seconds}
 
 
 def fmt(row: dict) -> str:
@@ -252,7 +216,7 @@ def main() -> None:
 
   def judge(model, method, decode, **extra):
     """Exact match and tokens per forward on all n problems (one pass, largest batch)."""
-    t = measure(decode, prompts, max(batches), 1)
+    t = evaluate.timed(decode, prompts, max(batches))
     row = {"model": model, "method": method, "batch": t.batch, **summary(t), **extra,
            "exact_match": evaluate.exact_match(t.rows, answers, tok)}
     quality.append(row)
@@ -262,9 +226,9 @@ def main() -> None:
     save()
     return t
 
-  def add(model, method, timed: Timed, base_run: Timed | None, **extra):
+  def add(model, method, timed: evaluate.Run, base_run: evaluate.Run | None, **extra):
     row = {"model": model, "method": method, "batch": timed.batch, **summary(timed), **extra}
-    row["speedup"] = (row["tokens_per_s"] / statistics.median(base_run.rates())
+    row["speedup"] = (row["tokens_per_s"] / base_run.tokens_per_second
                       if base_run is not None else 1.0)
     rows.append(row)
     print(fmt(row), flush=True)
@@ -277,9 +241,9 @@ def main() -> None:
   if "hf" not in skip and gguf.is_file():
     hf = HFDecode(gguf, args.max_new_tokens, tok.stop_ids, tok.pad_id)
     for b in batches:
-      ours = add("zero-shot", "ar", measure(make_decoder("ar", base, None, opt), timing, b,
-                                            args.repeats), None)
-      theirs = measure(hf, timing, b, args.repeats)
+      ours = add("zero-shot", "ar", evaluate.timed(make_decoder("ar", base, None, opt), timing,
+                                                   b, args.repeats), None)
+      theirs = evaluate.timed(hf, timing, b, args.repeats)
       same = float(np.mean([x == y for x, y in zip(theirs.rows, ours.rows)]))
       add("zero-shot", "transformers generate", theirs, ours, rows_equal_cardjax=same)
     del hf
@@ -312,7 +276,7 @@ def main() -> None:
   for b in batches:
     base_run = None
     for i, (name, method, *_, extra) in enumerate(decoders):
-      t = measure(made[i], timing, b, args.repeats)
+      t = evaluate.timed(made[i], timing, b, args.repeats)
       if (name, method) == ("mars", "ar"):
         base_run = t
       add(name, method, t, base_run if name == "mars" and method != "ar" else None, **extra)

@@ -106,6 +106,17 @@ def warm_up(decode: Callable, prompts: Sequence[Sequence[int]], batch: int) -> l
   return chunks
 
 
+def one_pass(decode: Callable, chunks: Sequence[list]) -> tuple[list[list[int]], int, int]:
+  """(rows, batched forwards, row-forwards) of decoding every chunk once (warm_up's chunks)."""
+  rows, forwards, row_forwards = [], 0, 0
+  for chunk in chunks:
+    out = decode(chunk)
+    rows += out.rows()
+    forwards += out.forwards
+    row_forwards += out.forwards * len(chunk)
+  return rows, forwards, row_forwards
+
+
 def timed(decode: Callable, prompts: Sequence[Sequence[int]], batch: int,
           repeats: int = 1, min_seconds: float = 0.0) -> Run:
   """Decode `prompts` in batches of `batch` with decode(chunk) -> Generation; compile first,
@@ -119,12 +130,7 @@ def timed(decode: Callable, prompts: Sequence[Sequence[int]], batch: int,
   for _ in range(repeats):
     passes, start = 0, time.perf_counter()
     while passes == 0 or time.perf_counter() - start < min_seconds:
-      rows, forwards, row_forwards = [], 0, 0
-      for chunk in chunks:
-        out = decode(chunk)
-        rows += out.rows()
-        forwards += out.forwards
-        row_forwards += out.forwards * len(chunk)
+      rows, forwards, row_forwards = one_pass(decode, chunks)
       if first is None:
         first = (rows, forwards, row_forwards)
       elif rows != first[0]:

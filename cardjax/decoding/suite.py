@@ -182,7 +182,7 @@ def merge_seeds(by_seed: dict[int, list[dict]]) -> list[dict]:
   for row in by_seed[seeds[0]]:
     key = (row["task"], row["model"], row["method"], row["setting"])
     metric = next(q for q in QUALITY if q in row)
-    values, same = [], [row.get("equals_ar")]
+    values, same = [], []
     for seed in seeds:
       match = [r for r in by_seed[seed] if (r["task"], r["model"], r["method"],
                                            r["setting"]) == key]
