@@ -9,6 +9,12 @@ then MARS at each tau, then `--verify`), after a warm-up that compiles every sha
 round gives one ratio per method, and the table reports the median ratio and its range over
 rounds. The prompts are the first --n arith_sft test problems (built with the run's config:
 set CARDJAX_DATA_DIR as for training).
+
+`--forward-tokens 1,5,8` also times, in each round, a jitted loop of cached forwards of that
+many new tokens (benchmarks/decode_forward.py's forward_ms): the cost of a multi-token
+forward relative to a one-token one, measured next to the decodes whose speedup it predicts
+(tokens/forward x ms(1) / ms(w)), since on a shared VM that ratio itself moves from run to
+run.
 """
 
 from __future__ import annotations
@@ -35,6 +41,32 @@ def timed_pass(decode, chunks) -> tuple[float, int, int]:
   return time.perf_counter() - start, sum(len(r) for r in rows), row_forwards
 
 
+FORWARD_SLOTS = 256
+
+
+def forward_summary(rounds: list[dict], methods, widths: list[int]) -> str:
+  """Per method: the ms per row-forward its decode implies (prefill included) against AR's,
+  beside the forward loop's ratio of each width to the first: where the two agree, a
+  decoder's speedup is its tokens/forward over the forward-cost ratio, and the loop adds
+  nothing of its own."""
+  lines = ["\n| method | ms per row-forward in the decode, median [range] | x AR's, median "
+           "[range] |", "|---|---|---|"]
+  for name in methods:
+    ms = [1e3 * rd[name]["seconds"] / max(1, rd[name]["row_forwards"]) for rd in rounds]
+    ratio = [m / (1e3 * rd["ar"]["seconds"] / max(1, rd["ar"]["row_forwards"]))
+             for m, rd in zip(ms, rounds)]
+    lines.append(f"| {name} | {statistics.median(ms):.1f} [{min(ms):.1f}-{max(ms):.1f}] | "
+                 f"{statistics.median(ratio):.2f}x [{min(ratio):.2f}-{max(ratio):.2f}] |")
+  lines += ["\n| new tokens | forward loop ms, median [range] | x one token, median [range] |",
+            "|---|---|---|"]
+  for w in widths:
+    ms = [rd["forward_ms"][str(w)] for rd in rounds]
+    ratio = [rd["forward_ms"][str(w)] / rd["forward_ms"][str(widths[0])] for rd in rounds]
+    lines.append(f"| {w} | {statistics.median(ms):.1f} [{min(ms):.1f}-{max(ms):.1f}] | "
+                 f"{statistics.median(ratio):.2f}x [{min(ratio):.2f}-{max(ratio):.2f}] |")
+  return "\n".join(lines)
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -46,6 +78,9 @@ def main() -> None:
   parser.add_argument("--pairs", type=int, default=3, help="rounds of alternation")
   parser.add_argument("--max-new-tokens", type=int, default=80)
   parser.add_argument("--out", default="", help="a JSON file for the rounds")
+  parser.add_argument("--forward-tokens", default="",
+                      help="e.g. 1,5,8: also time cached forwards of these widths each round")
+  parser.add_argument("--forward-loop", type=int, default=50, help="forwards per timing")
   args = parser.parse_args()
   run = suite.load_run(args.run)
   config, tok, frozen = run.config, run.tokenizer, run.frozen
@@ -64,6 +99,14 @@ def main() -> None:
   print(f"== {machine.line(info)}\n== {args.run} step {step}, {len(prompts)} problems, "
         f"batch {args.batch}, {args.pairs} rounds", flush=True)
   chunks = {name: evaluate.warm_up(d, prompts, args.batch) for name, d in methods.items()}
+  widths = [int(t) for t in args.forward_tokens.split(",") if t]
+  if widths:
+    from decode_forward import forward_ms  # benchmarks/ is this script's folder
+
+    def forward_table() -> dict[int, float]:
+      return {w: forward_ms(frozen.graphdef, frozen.state, args.batch, w, FORWARD_SLOTS,
+                            repeats=1, forwards=args.forward_loop) for w in widths}
+    forward_table()  # compile every width before the first round
   rounds = []
   for r in range(args.pairs):
     got = {name: timed_pass(methods[name], chunks[name]) for name in methods}
@@ -73,6 +116,12 @@ def main() -> None:
     print(f"round {r + 1}: " + ", ".join(
         f"{name} {t / s:.1f} tok/s ({t / s / ar_rate:.2f}x)" for name, (s, t, _) in got.items()),
         flush=True)
+    if widths:
+      rounds[-1]["forward_ms"] = {str(w): ms for w, ms in forward_table().items()}
+      one = rounds[-1]["forward_ms"][str(widths[0])]
+      print("   forward ms: " + ", ".join(f"{w} tokens {ms:.1f} ({ms / one:.2f}x)"
+                                         for w, ms in rounds[-1]["forward_ms"].items()),
+            flush=True)
   print("\n| method | tokens/forward | tokens/s median [range] | x AR, median [range] of rounds |"
         "\n|---|---|---|---|")
   for name in methods:
@@ -82,6 +131,8 @@ def main() -> None:
     print(f"| {name} | {tpf:.2f} | {statistics.median(rates):.1f} [{min(rates):.1f}-"
           f"{max(rates):.1f}] | {statistics.median(ratios):.2f}x [{min(ratios):.2f}-"
           f"{max(ratios):.2f}] |")
+  if widths:
+    print(forward_summary(rounds, methods, widths))
   if args.out:
     Path(args.out).write_text(json.dumps({"machine": info, "args": vars(args),
                                           "rounds": rounds}, indent=1))
