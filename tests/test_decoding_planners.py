@@ -12,7 +12,7 @@ T, F = True, False
 
 
 def levels_reference(block, base):
-  """METHODS.md section 3 in numpy: a level id per slot, then the small-last-round merge."""
+  """METHODS.md section 3 in numpy: a level id per slot, leftovers last."""
   level = np.full(block, -1)
   stride, r = block // base, 0
   while stride >= 1:
@@ -20,11 +20,9 @@ def levels_reference(block, base):
     if new.any():
       level[new], r = r, r + 1
     stride //= base
-  if (level < 0).any():
-    level[level < 0], r = r, r + 1
-  counts = np.bincount(level)
-  if len(counts) >= 2 and counts[-1] < counts[-2]:
-    level[level == r - 1] = r - 2
+  left = level < 0  # leftovers: a last round, merged into the one before when smaller
+  if left.any():
+    level[left] = r - 1 if r >= 1 and left.sum() < (level == r - 1).sum() else r
   return [np.flatnonzero(level == i).tolist() for i in range(level.max() + 1)]
 
 
@@ -33,6 +31,10 @@ def test_dus_levels_examples_and_reference():
   assert dus_levels(32) == [[0, 16], [8, 24], [4, 12, 20, 28], list(range(2, 32, 4)),
                             list(range(1, 32, 2))]
   assert dus_levels(1) == [[0]]
+  # Stride rounds are never merged: B = 5 is two rounds, B = 46 and 47 five (issue 16).
+  assert dus_levels(5) == [[0, 2, 4], [1, 3]]
+  assert len(dus_levels(46)) == len(dus_levels(47)) == 5
+  assert dus_levels(2, 3) == [[0, 1]]  # B < base: every slot is a leftover, one round
   for base in (2, 3, 4):
     for block in range(1, 70):
       levels = dus_levels(block, base)

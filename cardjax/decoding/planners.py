@@ -39,8 +39,9 @@ def dus_levels(block: int, base: int = 2) -> list[list[int]]:
 
   stride s = block // base, then s //= base each round while s >= 1; a round takes the
   not yet revealed k with k % s == 0; what is left forms a last round, merged into the one
-  before when it is smaller. B = 8: [0, 4], [2, 6], [1, 3, 5, 7]. For B a power of the base
-  there are exactly log_base(B) rounds (fewer than ceil(log_base B) otherwise)."""
+  before when it is smaller. B = 8: [0, 4], [2, 6], [1, 3, 5, 7]; B = 5: [0, 2, 4], [1, 3].
+  For B a power of the base there are exactly log_base(B) rounds, otherwise at most
+  ceil(log_base B)."""
   if block < 1:
     raise CardjaxError(f"block={block} must be >= 1")
   if base < 2:
@@ -54,11 +55,10 @@ def dus_levels(block: int, base: int = 2) -> list[list[int]]:
       seen.update(level)
     stride //= base
   rest = [k for k in range(block) if k not in seen]
-  if rest:
+  if rest and levels and len(rest) < len(levels[-1]):
+    levels[-1] = sorted(levels[-1] + rest)  # only the leftovers merge, never a stride round
+  elif rest:
     levels.append(rest)
-  if len(levels) >= 2 and len(levels[-1]) < len(levels[-2]):
-    last = levels.pop()
-    levels[-1] = sorted(levels[-1] + last)
   return levels
 
 
