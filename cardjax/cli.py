@@ -166,10 +166,15 @@ def cmd_data_show(args, overrides, options) -> None:
 
 
 def cmd_train(args, overrides) -> int:
+  import jax
+
   from cardjax.config import load_config
   from cardjax.train import Preempted, train
 
   config = load_config(args.config, overrides)
+  if jax.process_count() == 1:  # one process: build a missing dataset, as tfds.load does
+    from cardjax.data.prepare import prepare
+    prepare(config)  # (hosts of a pod job would race on a shared data_dir: they build first)
   try:
     result = train(config, args.workdir)
   except Preempted as e:

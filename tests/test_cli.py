@@ -80,3 +80,25 @@ def test_console_script_is_installed(tmp_path):
                           env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=300)
   assert result.returncode == 0, result.stderr
   assert "num_layers: 1" in result.stdout
+
+
+def test_train_builds_a_missing_embedded_dataset(tmp_path, capsys):
+  """`cardjax train` on a data_dir where the dataset is not built builds it (and its
+  tokenizer) first, as tfds.load does, instead of stopping with the build command."""
+  data = tmp_path / "data"
+  argv = ["train", "--config", "configs/tiny_sft.py", "--workdir", str(tmp_path / "run"),
+          f"--config.data.data_dir={data}", "--config.data.options.train_size=64",
+          "--config.data.options.test_size=8", "--config.data.tokenizer_vocab=300",
+          "--config.model.num_layers=1", "--config.model.hidden_size=32",
+          "--config.model.intermediate_size=64", "--config.data.batch_size=8",
+          "--config.train.steps=2", "--config.train.eval_every=0",
+          "--config.train.checkpoint_every=2", "--config.train.progress=false"]
+  assert main(argv) == 0
+  assert "trained 2 steps" in capsys.readouterr().out
+  assert list(data.rglob("tokenizer.json")) and list(data.rglob("dataset_info.json"))
+  # A batch that the 8 test devices cannot split: one line naming the fix, exit 2.
+  odd = [a if not a.startswith("--config.data.batch_size") else "--config.data.batch_size=4"
+         for a in argv]
+  odd[odd.index("--workdir") + 1] = str(tmp_path / "odd")
+  assert main(odd) == 2
+  assert "batch_size=4 does not split over the 8 devices" in capsys.readouterr().err

@@ -283,6 +283,14 @@ class DataLoader:
   def __init__(self, source, tokenizer: Tokenizer, spec: PipelineSpec, mesh=None,
                process_index: int | None = None, process_count: int | None = None):
     self.spec, self.mesh = spec, mesh
+    if mesh is not None:
+      axes = batch_sharding(mesh).spec[0] or ()
+      axes = (axes,) if isinstance(axes, str) else tuple(axes)
+      rows = int(np.prod([mesh.shape[a] for a in axes]))
+      if spec.batch_size % rows:
+        raise CardjaxError(
+            f"data.batch_size={spec.batch_size} does not split over the {rows} devices that "
+            f"hold batch rows (mesh axes {' x '.join(axes)}); use a multiple of {rows}")
     self.dataset = make_dataset(source, tokenizer, spec, process_index, process_count)
     self._it = iter(self.dataset)
     _LIVE.add(self)
