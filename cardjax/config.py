@@ -166,7 +166,10 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str])
       parent = ".".join(parents) + "." if parents else ""
       raise ConfigError(f"override {item!r}: unknown key {dotted!r}"
                         f"{_suggest(leaf, list(section.keys()), parent)}")
-    _assign(section, leaf, _parse_value(raw), dotted)
+    value = _parse_value(raw)
+    if isinstance(section[leaf], str) and not isinstance(value, str):
+      value = raw  # a text field keeps the text: remat=none is "none", not None
+    _assign(section, leaf, value, dotted)
   return config
 
 

@@ -46,6 +46,9 @@ def test_overrides_are_typed():
   assert c.model.dtype == "bfloat16"
   assert c.model.rope_theta == 500.0 and isinstance(c.model.rope_theta, float)
   assert c.seed == 7 and c.model.scan_layers is True
+  # A text field keeps its text even where it reads as None or a number.
+  c = load_config("configs/tiny.py", ["--config.model.remat=none", "--config.name=123"])
+  assert c.model.remat == "none" and c.name == "123"
 
 
 @pytest.mark.parametrize("override,needle", [

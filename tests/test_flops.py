@@ -1,0 +1,28 @@
+"""Peak FLOPs by device kind: every kind jax reports for the chips the recipes name."""
+
+import pytest
+
+from cardjax.train.flops import peak_flops_for_kind
+
+
+@pytest.mark.parametrize("kind,peak", [
+    ("TPU v5", 459e12),            # v5p chips report "TPU v5"
+    ("TPU v5p", 459e12),
+    ("TPU v5 lite", 197e12),       # v5e
+    ("TPU v6 lite", 918e12),       # v6e (Trillium)
+    ("TPU v4", 275e12),
+    ("NVIDIA H200", 989e12),
+    ("NVIDIA H100 80GB HBM3", 989e12),
+    ("NVIDIA H100 PCIe", 756e12),
+    ("NVIDIA A100-SXM4-80GB", 312e12),
+    ("NVIDIA A10", 125e12),
+    ("NVIDIA L40S", 362e12),
+    ("NVIDIA L4", 121e12),
+])
+def test_peak_flops_match_each_kind(kind, peak):
+  assert peak_flops_for_kind(kind) == peak
+
+
+@pytest.mark.parametrize("kind", ["cpu", "Some Future Chip"])
+def test_unknown_kinds_report_no_peak(kind):
+  assert peak_flops_for_kind(kind) is None
