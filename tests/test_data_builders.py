@@ -75,6 +75,25 @@ def test_text_corpus_contents_sources_and_counts(corpus, tmp_path, caplog):
         f"skipped {m.get('empty', 0)} empty" in caplog.text
 
 
+@pytest.mark.parametrize("name", ["text_corpus", "sft_jsonl"])
+def test_record_order_does_not_depend_on_where_the_files_lie(tmp_path, name):
+  """One corpus copied into two folders builds to the same records in the same order
+  (tfds orders records by a hash of the example key: keys carry relative paths)."""
+  got = []
+  for folder in ("a", "somewhere/else/b"):
+    for i in range(12):
+      write(tmp_path / folder / f"part{i % 3}" / f"f{i}.jsonl",
+            "".join(json.dumps({"text": f"doc {i}.{j}", "prompt": f"q {i}.{j}",
+                                "response": f"r {i}.{j}"}) + "\n" for j in range(4)))
+    options = dict(paths=f"{tmp_path / folder}/**/*.jsonl")
+    got.append(read_all(name, tmp_path / f"data_{len(got)}", **options))
+  first = {split: [{k: v for k, v in r.items() if k != "source"} for r in rows]
+           for split, rows in got[0].items()}
+  second = {split: [{k: v for k, v in r.items() if k != "source"} for r in rows]
+            for split, rows in got[1].items()}
+  assert first == second and sum(len(r) for r in first.values()) == 48
+
+
 def test_text_corpus_config_names_follow_options(corpus):
   a = make_config("text_corpus", paths=f"{corpus}/*.txt")
   b = make_config("text_corpus", paths=(f"{corpus}/*.txt",))

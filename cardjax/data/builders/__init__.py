@@ -5,7 +5,7 @@
     grain.MapDataset.source(src).map(decode)
 
 Options are the fields of each builder's config (`BUILDERS[name].CONFIG_CLS`); a build lives
-in DATA_DIR/NAME/CONFIG/1.0.0, CONFIG being a readable prefix plus a hash of the options.
+in DATA_DIR/NAME/CONFIG/VERSION, CONFIG being a readable prefix plus a hash of the options.
 load_source never builds: an unbuilt dataset is an error that says how to build it.
 """
 

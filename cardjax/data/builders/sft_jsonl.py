@@ -17,6 +17,7 @@ import functools
 import json
 from typing import ClassVar
 
+import tensorflow_datasets as tfds
 
 from cardjax.data.builders.common import (LOG, ConversationBuilder, PathsConfig, in_validation,
                                           nonempty_splits)
@@ -65,8 +66,8 @@ def to_messages(record, where: str) -> tuple[list[dict], str]:
 
 
 def _lines(files):
-  """(path, line number, stripped line) of every non-blank line."""
-  for path in files:
+  """(path, relative path, line number, stripped line) of every non-blank line."""
+  for path, rel in files:
     with open(path, "rb") as f:
       for lineno, raw in enumerate(f, 1):
         try:
@@ -74,24 +75,27 @@ def _lines(files):
         except UnicodeDecodeError as e:
           raise CardjaxError(f"{path}:{lineno}: invalid UTF-8 ({e.reason})") from None
         if line:
-          yield path, lineno, line
+          yield path, rel, lineno, line
 
 
 class SftJsonl(ConversationBuilder):
   """Local JSONL conversations ({"messages": JSON, "answer"})."""
 
   CONFIG_CLS = SftJsonlConfig
+  VERSION = tfds.core.Version("1.1.0")
+  RELEASE_NOTES = {"1.0.0": "First version.",
+                   "1.1.0": "Example keys from relative paths: the same order in any folder."}
 
   def _split_of(self, line: str) -> str:
     return "validation" if in_validation(line, self.builder_config.validation_percent) else "train"
 
   def _split_lines(self, files, split):
-    return ((p, n, line) for p, n, line in _lines(files) if self._split_of(line) == split)
+    return (item for item in _lines(files) if self._split_of(item[-1]) == split)
 
   def _split_generators(self, dl_manager):
     del dl_manager
     cfg = self.builder_config
-    files = [path for path, _ in match_files(cfg.paths)]
+    files = match_files(cfg.paths)
     wanted = ["train", "validation"] if cfg.validation_percent else ["train"]
     splits = nonempty_splits({s: functools.partial(self._split_lines, files, s) for s in wanted})
     if not splits:
@@ -100,9 +104,9 @@ class SftJsonl(ConversationBuilder):
 
   def _generate_examples(self, files, split):
     count = 0
-    for path, lineno, line in self._split_lines(files, split):
-      where = f"{path}:{lineno}"
-      messages, answer = to_messages(parse_json_line(line, path, lineno), where)
+    for path, rel, lineno, line in self._split_lines(files, split):
+      messages, answer = to_messages(parse_json_line(line, path, lineno), f"{path}:{lineno}")
       count += 1
-      yield where, {"messages": json.dumps(messages, ensure_ascii=False), "answer": answer}
+      # Keyed by the relative path: the record order must not depend on where the files lie.
+      yield f"{rel}:{lineno}", {"messages": json.dumps(messages, ensure_ascii=False), "answer": answer}
     LOG.info("sft_jsonl %s: %d conversations", split, count)

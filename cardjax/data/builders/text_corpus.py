@@ -66,7 +66,11 @@ def match_files(patterns: tuple[str, ...]) -> list[tuple[str, str]]:
         "paths option (a directory needs a pattern such as DIR/**/*.txt)")
   # The common root keeps relative paths unique even across patterns.
   root = os.path.commonpath([_static_root(p) for p in patterns])
-  return sorted((p, Path(os.path.relpath(p, root)).as_posix()) for p in found)
+  # Keys and order come from the relative paths: tfds orders records by a hash of the example
+  # key, so a key with the absolute path would order the same files differently in another
+  # folder (and another host's mount would train on another order).
+  return sorted(((p, Path(os.path.relpath(p, root)).as_posix()) for p in found),
+                key=lambda pr: pr[1])
 
 
 def _decode(data: bytes, mode: str, path: str, base: int = 0, line: int = 0) -> str | None:
@@ -116,13 +120,14 @@ def _jsonl_examples(path, rel, text_field, mode, stats):
         stats["empty"] += 1
         continue
       stats["examples"] += 1
-      yield f"{path}:{lineno}", {"text": text, "source": f"{rel}:{lineno}"}
+      yield f"{rel}:{lineno}", {"text": text, "source": f"{rel}:{lineno}"}
   if records == 0 and not undecodable:
     stats["empty"] += 1  # an empty .jsonl file counts as one empty text
 
 
 def file_examples(path: str, rel: str, text_field: str, on_decode_error: str, stats):
-  """(key, {"text", "source"}) of one file; updates the `stats` Counter."""
+  """(key, {"text", "source"}) of one file, keyed by its relative path (and line); updates
+  the `stats` Counter."""
   stats["files"] += 1
   if path.lower().endswith(".jsonl"):
     yield from _jsonl_examples(path, rel, text_field, on_decode_error, stats)
@@ -135,14 +140,15 @@ def file_examples(path: str, rel: str, text_field: str, on_decode_error: str, st
     stats["empty"] += 1
   else:
     stats["examples"] += 1
-    yield path, {"text": text.removeprefix("\ufeff"), "source": rel}
+    yield rel, {"text": text.removeprefix("\ufeff"), "source": rel}
 
 
 class FileCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """Files -> {"text", "source"}; subclasses say which files (`_files`) and from where."""
 
-  VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "First version."}
+  VERSION = tfds.core.Version("1.1.0")
+  RELEASE_NOTES = {"1.0.0": "First version.",
+                   "1.1.0": "Example keys from relative paths: the same order in any folder."}
   TEXT_FIELD = "text"
 
   def _info(self) -> tfds.core.DatasetInfo:
