@@ -78,6 +78,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.eps = 1e-8
   c.train.grad_clip = 1.0  # global-norm clipping; 0 = off
   c.train.grad_accum = 1  # micro-batches per step (data.batch_size rows in all)
+  c.train.loss_chunk = 0  # positions per chunk of LM head + cross-entropy; 0 = logits of
+  #   the whole batch at once (objectives/chunked_ce.py: same loss, far less memory)
   c.train.log_every = 10  # steps between metric lines (JSONL, TensorBoard)
   c.train.eval_every = 0  # steps between validations; 0 = only at the end
   c.train.eval_steps = 4  # validation batches (from data.eval_split)
@@ -234,6 +236,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     raise ConfigError(f"config data.pad_to_multiple={d.pad_to_multiple} must be a multiple "
                       f"of objective.block_size={o.block_size} (MARS pads responses to whole "
                       "blocks)")
+  if t.loss_chunk < 0:
+    raise ConfigError(f"config train.loss_chunk={t.loss_chunk} must be >= 0 "
+                      "(0 = the whole sequence at once)")
   if t.grad_accum <= 0 or d.batch_size % t.grad_accum:
     raise ConfigError(f"config train.grad_accum={t.grad_accum} must divide "
                       f"data.batch_size={d.batch_size}")

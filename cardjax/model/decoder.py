@@ -85,6 +85,11 @@ class Decoder(nnx.Module):
     mask: an attention MaskSpec (default causal). streams: [batch, seq] 0 clean / 1 noisy
     for the dual-stream patterns (default all 0).
     """
+    return self._head(self.features(tokens, positions, segment_ids, mask, streams))
+
+  def features(self, tokens, positions=None, segment_ids=None, mask=None, streams=None):
+    """The final-normed hidden states [batch, seq, embed] the LM head reads (arguments as
+    for __call__): a chunked loss applies `head_matrix()` a slice at a time."""
     cfg = self.cfg
     tokens, meta, spec = self._inputs(tokens, positions, segment_ids, mask, streams)
     x = self._embed(tokens)
@@ -98,8 +103,7 @@ class Decoder(nnx.Module):
       for block in self.layers:
         graphdef, state = nnx.split(block)
         x = run(graphdef, state, x, meta, spec)
-
-    return self._logits(x)
+    return self.final_norm(x)
 
   def forward_cached(self, tokens, cache: KVCache, positions=None, segment_ids=None,
                      mask=None, streams=None, logits_at=None):
@@ -133,7 +137,7 @@ class Decoder(nnx.Module):
     cache = dataclasses.replace(cache, k=k, v=v, index=index + tokens.shape[1])
     if logits_at is not None:
       x = jnp.take_along_axis(x, jnp.asarray(logits_at, jnp.int32)[..., None], axis=1)
-    return self._logits(x), cache
+    return self._head(self.final_norm(x)), cache
 
   def _inputs(self, tokens, positions, segment_ids, mask, streams):
     tokens = jnp.asarray(tokens)
@@ -160,11 +164,19 @@ class Decoder(nnx.Module):
     x = jnp.take(table, tokens, axis=0).astype(jnp.dtype(self.cfg.dtype))
     return constrain(x, ("act_batch", "act_seq", "act_embed"))
 
-  def _logits(self, x):
-    x = self.final_norm(x)
+  def head_matrix(self):
+    """The LM head [vocab, embed] in the compute dtype (the embedding when tied)."""
     head = self.embed if self.cfg.tie_word_embeddings else self.lm_head
-    logits = jnp.einsum("btd,vd->btv", x, head[...].astype(jnp.dtype(self.cfg.dtype)))
-    return constrain(logits, ("act_batch", "act_seq", "act_vocab"))
+    return head[...].astype(jnp.dtype(self.cfg.dtype))
+
+  def _head(self, x):
+    return head_logits(x, self.head_matrix())
+
+
+def head_logits(features, head):
+  """Logits [batch, seq, vocab] of final-normed features [batch, seq, embed]."""
+  logits = jnp.einsum("btd,vd->btv", features, head)
+  return constrain(logits, ("act_batch", "act_seq", "act_vocab"))
 
 
 def _check_token_range(tokens, vocab_size: int) -> None:

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import optax
 
 from cardjax.attention import MaskSpec
+from cardjax.objectives.chunked_ce import HeadInputs, chunked_ce
 
 
 @jax.tree_util.register_dataclass
@@ -51,7 +52,10 @@ def next_token_targets(tokens, segment_ids, loss_mask):
 
 
 def token_ce(logits, targets):
-  """Per-position cross-entropy in float32: [B, T]."""
+  """Per-position cross-entropy in float32: [B, T]. `logits` may be a HeadInputs (the
+  features and the LM head, train.loss_chunk > 0): then a chunk of positions at a time."""
+  if isinstance(logits, HeadInputs):
+    return chunked_ce(logits, targets)
   return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
 
 

@@ -138,10 +138,11 @@ def _train(config, workdir: Path, mesh) -> dict:
 
   batch_sh = batch_sharding(mesh)
   batch_shardings = {k: batch_sh for k in ("tokens", "positions", "segment_ids", "loss_mask")}
-  step_fn = jax.jit(make_train_step(graphdef, objective, tx, config.seed, t.grad_accum),
+  step_fn = jax.jit(make_train_step(graphdef, objective, tx, config.seed, t.grad_accum,
+                                    t.loss_chunk),
                     in_shardings=(param_sh, opt_sh, batch_shardings, None),
                     out_shardings=(param_sh, opt_sh, None), donate_argnums=(0, 1))
-  eval_fn = jax.jit(make_eval_step(graphdef, objective, config.seed))
+  eval_fn = jax.jit(make_eval_step(graphdef, objective, config.seed, t.loss_chunk))
   # Read before the first step (and its timer), so a broken validation split fails at once.
   eval_batches = _eval_batches(config)
 

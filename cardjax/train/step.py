@@ -16,6 +16,7 @@ import optax
 from flax import nnx
 
 from cardjax.objectives.base import ModelInputs, Objective
+from cardjax.objectives.chunked_ce import HeadInputs
 
 
 def corrupt_rows(objective: Objective, batch: dict, keys: jax.Array) -> ModelInputs:
@@ -33,19 +34,24 @@ def step_row_keys(seed_key: jax.Array, step, rows: int) -> jax.Array:
   return jax.vmap(lambda r: jax.random.fold_in(step_key, r))(jnp.arange(rows))
 
 
-def forward(graphdef, params, inputs: ModelInputs):
+def forward(graphdef, params, inputs: ModelInputs, loss_chunk: int = 0):
+  """The logits of `inputs`; with loss_chunk > 0 a HeadInputs instead (features and head),
+  whose cross-entropy is taken loss_chunk positions at a time (objectives.chunked_ce)."""
   model = nnx.merge(graphdef, params)
-  return model(inputs.tokens, positions=inputs.positions, segment_ids=inputs.segment_ids,
-               mask=inputs.mask, streams=inputs.streams)
+  args = dict(positions=inputs.positions, segment_ids=inputs.segment_ids, mask=inputs.mask,
+              streams=inputs.streams)
+  if loss_chunk:
+    return HeadInputs(model.features(inputs.tokens, **args), model.head_matrix(), loss_chunk)
+  return model(inputs.tokens, **args)
 
 
 def make_train_step(graphdef, objective: Objective, tx: optax.GradientTransformation,
-                    seed: int, accum: int):
+                    seed: int, accum: int, loss_chunk: int = 0):
   seed_key = jax.random.key(seed)
 
   def micro_loss(params, micro, keys):
     inputs = corrupt_rows(objective, micro, keys)
-    loss, metrics = objective.loss(forward(graphdef, params, inputs), inputs)
+    loss, metrics = objective.loss(forward(graphdef, params, inputs, loss_chunk), inputs)
     n = jax.lax.stop_gradient(objective.normalizer(inputs))
     return loss * n, (n, metrics)
 
@@ -87,14 +93,14 @@ def make_train_step(graphdef, objective: Objective, tx: optax.GradientTransforma
   return step_fn
 
 
-def make_eval_step(graphdef, objective: Objective, seed: int):
+def make_eval_step(graphdef, objective: Objective, seed: int, loss_chunk: int = 0):
   """Objective loss (fixed corruption per eval row) and the plain AR NLL of the clean text."""
   eval_key = jax.random.fold_in(jax.random.key(seed), 2**31 - 1)  # never a train step
 
   def eval_fn(params, batch, index):
     keys = step_row_keys(eval_key, index, batch["tokens"].shape[0])
     inputs = corrupt_rows(objective, batch, keys)
-    loss, metrics = objective.loss(forward(graphdef, params, inputs), inputs)
+    loss, metrics = objective.loss(forward(graphdef, params, inputs, loss_chunk), inputs)
     model = nnx.merge(graphdef, params)
     nll = objective.ar_nll(lambda t, p, s: model(t, positions=p, segment_ids=s), batch)
     return dict(metrics, loss=loss, ar_nll=nll)
