@@ -19,6 +19,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	# torch first, pinned, so that no dependency can pull a CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[test]'
+	# libtpu, the version jax pins, beside the venv, not in it: `cardjax plan` (and its
+	# tests) put it on the path to compile for compile-only TPUs; installed in the venv it
+	# would make every other jax process look for a TPU first.
+	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(VENV)/libtpu-plan \
+	  "$$($(BIN)/python -c 'import importlib.metadata as m; print(next(r.split(";")[0] for r in m.requires("jax") if r.startswith("libtpu")))')"
 	touch $(STAMP)
 
 install: $(STAMP)

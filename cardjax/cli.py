@@ -187,6 +187,25 @@ def cmd_train(args, overrides) -> int:
   return 0
 
 
+def cmd_plan(args, overrides) -> int:
+  import json
+
+  from cardjax.config import load_config
+  from cardjax.plan import report, run_plan
+
+  config = load_config(args.config, overrides)
+  if not 0 < args.mfu <= 1:
+    raise CardjaxError(f"--mfu={args.mfu} must lie in (0, 1] (e.g. 0.4 for 40%)")
+  plans = run_plan(config, args.topology, search=not args.no_search)
+  print(report(config, plans, args.mfu))
+  if args.json:
+    Path(args.json).write_text(json.dumps(
+        {"config": args.config, "overrides": overrides, "topology": args.topology,
+         "mfu": args.mfu, "plans": [dict(vars(p), target=vars(p.target)) for p in plans]},
+        indent=1))
+  return 0 if plans[-1].fits and plans[-1] is plans[0] else (3 if plans[-1].fits else 1)
+
+
 def cmd_generate(args, overrides) -> None:
   from cardjax.decoding.cli import run_generate
 
@@ -333,6 +352,21 @@ def build_parser() -> argparse.ArgumentParser:
       p.add_argument("--split", default="", help="split (default data.split)")
     p.set_defaults(fn=fn, takes_options=True)
 
+  p = sub.add_parser(
+      "plan", help="compile the train step for a TPU slice or GPU node: memory, time",
+      description="Compiles the config's real train step (no weights allocated) for a TPU "
+                  "slice (v4-N, v5p-N: N TensorCores, N/2 chips; v5e-N, v6e-N: N chips; "
+                  "compile-only devices from libtpu, which `make install` puts beside the venv) or a GPU "
+                  "node (8xH200, 8xH100, 8xA100: simulated CPU devices, an estimate). Exit "
+                  "0: fits as given; 3: fits with the grad_accum printed; 1: does not fit.")
+  _config_arg(p)
+  p.add_argument("--topology", required=True, help="v5p-64, v5e-16, v6e-8, v4-32, 8xH200, ...")
+  p.add_argument("--mfu", type=float, default=0.4, help="assumed MFU for the step time")
+  p.add_argument("--no-search", action="store_true",
+                 help="do not try larger grad_accum when the step does not fit")
+  p.add_argument("--json", default="", help="also write the plans to this JSON file")
+  p.set_defaults(fn=cmd_plan)
+
   p = sub.add_parser("demo", help="the main job in miniature, on CPU")
   p.add_argument("--workdir", default="runs/demo", help="where every artefact is written")
   p.set_defaults(fn=cmd_demo)
@@ -355,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
   for noisy in ("absl", "jax._src", "orbax"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
   try:
+    if args.fn is cmd_plan:  # before jax starts: CPU default, simulated GPU devices
+      from cardjax.plan import plan_env
+      plan_env(args.topology)
     from cardjax.parallel.distributed import initialize
     initialize()  # a no-op unless the environment describes a multi-process job
     code = args.fn(args, overrides) if options is None else args.fn(args, overrides, options)

@@ -14,6 +14,11 @@ _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 os.environ["JAX_PLATFORMS"] = "cpu"
+# libtpu on the path before jax starts, for the compile-only TPU devices of `cardjax plan`
+# (tests/test_plan.py); JAX_PLATFORMS keeps every other test on the CPU.
+from cardjax.plan.targets import add_libtpu_path  # noqa: E402 (imports no jax)
+
+add_libtpu_path()
 # One persistent XLA compilation cache for every test and the subprocesses they start (the
 # environment is inherited): the trainer tests compile the same tiny train steps again and
 # again, and a hit skips the compile (five of them: 3 min 20 s -> 2 min 6 s from a cold

@@ -36,7 +36,7 @@ from cardjax.train import flops
 from cardjax.train.checkpointing import TrainCheckpointer
 from cardjax.train.metrics import MetricsWriter
 from cardjax.train.optimizer import learning_rate, make_optimizer, sharded_init
-from cardjax.train.step import corrupt_rows, make_eval_step, make_train_step, step_row_keys
+from cardjax.train.step import corrupt_rows, jit_train_step, make_eval_step, step_row_keys
 
 log = logging.getLogger("cardjax.train")
 RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat", "attention_impl",
@@ -136,12 +136,8 @@ def _train(config, workdir: Path, mesh) -> dict:
   log.info("model: %s (%s), objective %s, mesh %s", origin, cfg.model_type, objective.name,
            dict(mesh.shape))
 
-  batch_sh = batch_sharding(mesh)
-  batch_shardings = {k: batch_sh for k in ("tokens", "positions", "segment_ids", "loss_mask")}
-  step_fn = jax.jit(make_train_step(graphdef, objective, tx, config.seed, t.grad_accum,
-                                    t.loss_chunk),
-                    in_shardings=(param_sh, opt_sh, batch_shardings, None),
-                    out_shardings=(param_sh, opt_sh, None), donate_argnums=(0, 1))
+  step_fn = jit_train_step(graphdef, objective, tx, t, config.seed, param_sh, opt_sh,
+                           batch_sharding(mesh))
   eval_fn = jax.jit(make_eval_step(graphdef, objective, config.seed, t.loss_chunk))
   # Read before the first step (and its timer), so a broken validation split fails at once.
   eval_batches = _eval_batches(config)

@@ -61,7 +61,8 @@ def state_shardings(tx: optax.GradientTransformation, params, mesh):
   moments shard over fsdp and tensor like the weights (ZeRO-3), and the rest (step counts)
   is replicated. optax.tree_map_params finds the per-parameter trees of the chain; inside
   optax.masked (or multi_transform) pieces with state, a masked-out parameter's leaf is a
-  MaskedNode and stays one."""
+  MaskedNode and stays one. tree_map_params runs tx.init eagerly on placeholders (AdamW's
+  step count): call this outside `jax.set_mesh` of a compile-only mesh (cardjax plan does)."""
   def like_param(leaf, param):
     return leaf if isinstance(leaf, optax.MaskedNode) else param.sharding
 

@@ -47,8 +47,6 @@ def forward(graphdef, params, inputs: ModelInputs, loss_chunk: int = 0):
 
 def make_train_step(graphdef, objective: Objective, tx: optax.GradientTransformation,
                     seed: int, accum: int, loss_chunk: int = 0):
-  seed_key = jax.random.key(seed)
-
   def micro_loss(params, micro, keys):
     inputs = corrupt_rows(objective, micro, keys)
     loss, metrics = objective.loss(forward(graphdef, params, inputs, loss_chunk), inputs)
@@ -58,6 +56,9 @@ def make_train_step(graphdef, objective: Objective, tx: optax.GradientTransforma
   grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
   def step_fn(params, opt_state, batch, step):
+    # The key is made inside the trace: an eager key would be a constant committed to the
+    # default device, which a compile-only mesh (cardjax plan) cannot take.
+    seed_key = jax.random.key(seed)
     rows = batch["tokens"].shape[0]
     if rows % accum:
       raise ValueError(f"batch of {rows} rows does not split into {accum} micro-batches")
@@ -93,11 +94,22 @@ def make_train_step(graphdef, objective: Objective, tx: optax.GradientTransforma
   return step_fn
 
 
+def jit_train_step(graphdef, objective: Objective, tx: optax.GradientTransformation, train,
+                   seed: int, param_sh, opt_sh, batch_sh):
+  """The train step as the trainer runs it (and `cardjax plan` compiles it): jitted with
+  the parameters' and optimizer state's shardings in and out, the batch rows over the
+  data-parallel axes, parameters and state donated."""
+  batch_shardings = {k: batch_sh for k in ("tokens", "positions", "segment_ids", "loss_mask")}
+  return jax.jit(make_train_step(graphdef, objective, tx, seed, train.grad_accum,
+                                 train.loss_chunk),
+                 in_shardings=(param_sh, opt_sh, batch_shardings, None),
+                 out_shardings=(param_sh, opt_sh, None), donate_argnums=(0, 1))
+
+
 def make_eval_step(graphdef, objective: Objective, seed: int, loss_chunk: int = 0):
   """Objective loss (fixed corruption per eval row) and the plain AR NLL of the clean text."""
-  eval_key = jax.random.fold_in(jax.random.key(seed), 2**31 - 1)  # never a train step
-
   def eval_fn(params, batch, index):
+    eval_key = jax.random.fold_in(jax.random.key(seed), 2**31 - 1)  # never a train step
     keys = step_row_keys(eval_key, index, batch["tokens"].shape[0])
     inputs = corrupt_rows(objective, batch, keys)
     loss, metrics = objective.loss(forward(graphdef, params, inputs, loss_chunk), inputs)

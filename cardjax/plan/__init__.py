@@ -1,0 +1,161 @@
+"""`cardjax plan`: will a recipe fit a machine, and how long will it run?
+
+Compiles the real train step (cardjax/plan/compile.py) for a TPU slice or a GPU node
+(cardjax/plan/targets.py) without allocating a weight, and reports per device the parameter
+and optimizer-state shards, the compiler's temporaries (activations, gradients), the total
+against the device's memory, the model FLOPs of a step, the step time at a stated MFU and
+the days to the recipe's token budget (train.steps x batch x seq). When the step does not
+fit, it compiles again with more gradient-accumulation micro-batches and says which
+`train.grad_accum` fits, or that none does and how much the state alone needs.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import re
+
+from cardjax.errors import CardjaxError
+from cardjax.plan.targets import GIB, Target, add_libtpu_path, parse_target, target_devices
+
+OOM = re.compile(r"RESOURCE_EXHAUSTED|[Oo]ut of memory|exceeds? .*memory|hbm capacity")
+USED = re.compile(r"Used ([\d.]+)([KMGT])? of ([\d.]+)([KMGT])? hbm")
+
+
+@dataclasses.dataclass
+class Plan:
+  target: Target
+  grad_accum: int
+  fits: bool
+  params: int = 0  # bytes per device
+  opt_state: int = 0
+  temp: int = 0
+  total: int = 0
+  flops_per_step: float = 0.0
+  mesh: dict = dataclasses.field(default_factory=dict)
+  compiler_error: str = ""  # the compiler's out-of-memory message, when it refused
+
+  @property
+  def hbm(self) -> int:
+    return self.target.hbm_per_chip * self.target.chips // max(1, self.devices)
+
+  @property
+  def devices(self) -> int:
+    return math.prod(self.mesh.values()) if self.mesh else self.target.chips
+
+
+def _compile(config, target: Target, devices, accum: int) -> Plan:
+  from cardjax.plan.compile import compile_step
+
+  config = copy.deepcopy(config)
+  config.train.grad_accum = accum
+  try:
+    got = compile_step(config, devices)
+  except Exception as e:  # the TPU compiler refuses a program that exceeds HBM
+    text = str(e)
+    if not OOM.search(text):
+      raise
+    return Plan(target, accum, False, compiler_error=text.splitlines()[0][:300],
+                mesh={"devices": len(devices)})
+  plan = Plan(target, accum, True, got.params, got.opt_state, got.temp, got.total,
+              got.flops_per_step, got.mesh)
+  plan.fits = plan.total <= plan.hbm
+  return plan
+
+
+def accum_choices(config, data_parallel: int) -> list[int]:
+  """grad_accum values above the config's whose micro-batch still splits over the devices."""
+  rows, start = config.data.batch_size, config.train.grad_accum
+  return [a for a in (2, 4, 8, 16, 32, 64) if a > start and rows % a == 0
+          and (rows // a) % data_parallel == 0]
+
+
+def run_plan(config, topology: str, search: bool = True) -> list[Plan]:
+  """Plans of the config as given and, if it does not fit, with more micro-batches until
+  one fits (each a compile). The last plan is the answer."""
+  target = parse_target(topology)
+  devices = target_devices(target)
+  plans = [_compile(config, target, devices, config.train.grad_accum)]
+  if plans[-1].fits or not search:
+    return plans
+  data_parallel = plans[-1].mesh.get("data", 1) * plans[-1].mesh.get("fsdp", 1)
+  for accum in accum_choices(config, data_parallel):
+    plans.append(_compile(config, target, devices, accum))
+    if plans[-1].fits:
+      break
+  return plans
+
+
+def _gib(n: int) -> str:
+  return f"{n / GIB:.2f} GiB" if n >= GIB // 10 else f"{n / (1 << 20):.1f} MiB"
+
+
+def report(config, plans: list[Plan], mfu: float) -> str:
+  """The table the command prints."""
+  first, last = plans[0], plans[-1]
+  t = first.target
+  rows, seq = config.data.batch_size, config.data.seq_len
+  lines = [f"plan: {config.name} on {t.name} ({t.chips} {t.chip} chips"
+           + (f", libtpu topology {t.libtpu_topology})" if t.libtpu_topology else ")"),
+           f"  batch {rows} x seq {seq}, objective {config.objective.name}, "
+           f"mesh {first.mesh}, remat {config.model.remat}, loss_chunk {config.train.loss_chunk}"]
+  if t.estimate:
+    lines.append("  memory: XLA:CPU's plan of the same program on simulated devices (an "
+                 "estimate: the GPU compiler fuses and schedules differently; expect the same "
+                 "weights and optimizer state, and temporaries within tens of percent)")
+  for p in plans:
+    if p.compiler_error:
+      lines.append(f"  grad_accum {p.grad_accum}: the compiler refused it: {p.compiler_error}")
+      continue
+    verdict = "fits" if p.fits else "DOES NOT FIT"
+    lines.append(
+        f"  grad_accum {p.grad_accum}: per device params {_gib(p.params)}, optimizer state "
+        f"{_gib(p.opt_state)}, temporaries {_gib(p.temp)}, total {_gib(p.total)} of "
+        f"{_gib(p.hbm)}: {verdict}")
+  flop_plan = next((p for p in reversed(plans) if p.flops_per_step), None)
+  if flop_plan:
+    peak = t.peak_per_chip * t.chips
+    step_s = flop_plan.flops_per_step / (peak * mfu)
+    tokens = rows * seq
+    days = config.train.steps * step_s / 86400
+    lines.append(f"  model FLOPs per step {flop_plan.flops_per_step:.3e}; at {mfu:.0%} MFU of "
+                 f"{peak:.3e} FLOP/s: {step_s:.3f} s per step, {tokens / step_s:,.0f} tokens/s")
+    lines.append(f"  budget: {config.train.steps:,} steps x {tokens:,} tokens = "
+                 f"{config.train.steps * tokens:.3e} tokens: {days:.1f} days")
+  if last.fits:
+    if last is not first:
+      lines.append(f"  => set --config.train.grad_accum={last.grad_accum} (or more chips)")
+  else:
+    state = last.params + last.opt_state or first.params + first.opt_state
+    need = ""
+    if state:
+      need = (f"; parameters and optimizer state alone take {_gib(state)} per device of "
+              f"{_gib(last.hbm)}")
+    lines.append(f"  => does not fit with any grad_accum tried{need}: use more chips, "
+                 "model.remat=full or train.loss_chunk")
+  return "\n".join(lines)
+
+
+def plan_env(topology: str) -> None:
+  """Set before jax starts: CPU as the default backend (compile-only TPU devices run
+  nothing) and, for a GPU node, that many simulated CPU devices."""
+  import os
+  import sys
+
+  target = parse_target(topology)
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  if target.platform == "tpu":
+    add_libtpu_path()
+  if target.platform == "gpu":
+    flag = f"--xla_force_host_platform_device_count={target.chips}"
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "",
+                   os.environ.get("XLA_FLAGS", ""))
+    if "jax" in sys.modules and flag not in os.environ.get("XLA_FLAGS", ""):
+      import jax
+      if len(jax.devices("cpu")) < target.chips:
+        raise CardjaxError(f"jax started with {len(jax.devices('cpu'))} CPU devices before "
+                           f"the plan could ask for {target.chips}; run `cardjax plan` in a "
+                           "fresh process")
+      return
+    os.environ["XLA_FLAGS"] = (flags + " " + flag).strip()
