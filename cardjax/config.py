@@ -88,6 +88,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.async_checkpoint = True  # write checkpoints in the background
   c.train.init_from = ""  # "" = random init | a HF folder | an orbax checkpoint folder
   c.train.progress = True  # a progress bar on the terminal
+  c.train.compilation_cache_dir = ""  # a persistent XLA cache ("" = off): a restarted
+  #   pod job loads the compiled step instead of compiling it again
   return c
 
 

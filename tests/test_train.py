@@ -434,3 +434,17 @@ def test_the_run_keeps_its_tokenizer_for_export_and_generate(data_dir, tmp_path,
   assert main(["generate", "--checkpoint", str(tmp_path / "run"), "--prompt", "def f(",
                "--max-new-tokens", "4"]) == 0
   assert "method ar" in capsys.readouterr().out
+
+
+def test_compilation_cache_dir_keeps_the_compiled_step(data_dir, tmp_path):
+  """train.compilation_cache_dir: the first run writes the compiled step there (in a fresh
+  process: the test session's own cache is already set up)."""
+  cache = tmp_path / "xla-cache"
+  args = [sys.executable, "-m", "cardjax.cli", "train", "--config", "configs/tiny_ar.py",
+          "--workdir", str(tmp_path / "run"), f"--config.data.data_dir={data_dir}", *SMALL,
+          "--config.train.steps=2", "--config.train.eval_every=0",
+          f"--config.train.compilation_cache_dir={cache}"]
+  env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+  proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert any(cache.iterdir()), "no compiled program was cached"
