@@ -34,6 +34,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh.data = 1  # data-parallel replicas
   c.mesh.fsdp = -1  # parameter-sharded data parallelism; -1 = all devices left over
   c.mesh.tensor = 1  # tensor (head / mlp / vocab) parallelism
+  c.mesh.slices = 1  # TPU slices joined over DCN (multi-slice): the data axis spans them,
+  #   so mesh.data must be a multiple; fsdp and tensor stay inside a slice's ICI
   c.mesh.rules = ()  # ((logical_axis, mesh_axes), ...) overriding the default rules table
   c.data = ml_collections.ConfigDict()
   c.data.dataset = "python_stdlib"  # a builder of cardjax.data.builders.BUILDERS

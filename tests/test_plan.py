@@ -65,7 +65,48 @@ def test_plan_on_8_simulated_gpus_searches_grad_accum(tmp_path, capsys):
   assert json.loads(out.read_text())["plans"][-1]["grad_accum"] == 2
 
 
+def test_multi_slice_plan_lays_the_data_axis_across_slices():
+  """2xv5p-8: two compile-only slices of 4 chips; the mesh's data axis is the slice axis
+  (each data row of the device grid is one slice), fsdp stays inside a slice."""
+  from cardjax.parallel import make_mesh
+  from cardjax.plan.targets import target_devices
+
+  target = parse_target("2xv5p-8")
+  assert (target.chips, target.slices, target.libtpu_topology) == (8, 2, "v5:2x2x1")
+  devices = target_devices(target)
+  mesh = make_mesh(2, -1, 1, devices=devices, slices=2)
+  assert dict(mesh.shape) == {"data": 2, "fsdp": 4, "tensor": 1}
+  for row, grid in enumerate(mesh.devices):
+    assert {d.slice_index for d in grid.flat} == {row}
+  with pytest.raises(CardjaxError, match="multiple of mesh.slices=2"):
+    make_mesh(1, -1, 1, devices=devices, slices=2)
+  config = load_config("configs/tiny_ar.py", TINY)
+  plan = run_plan(config, "2xv5p-8")[-1]
+  assert plan.fits and plan.mesh == {"data": 2, "fsdp": 4, "tensor": 1}
+
+
 def test_accum_choices_keep_the_micro_batch_divisible():
   config = load_config("configs/tiny_ar.py", ["--config.data.batch_size=16"])
   assert accum_choices(config, 8) == [2]
   assert accum_choices(config, 1) == [2, 4, 8, 16]
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--topology", "v9-8"], "unknown TPU generation 'v9'"),
+    (["--topology", "8xH200", "--config.mesh.tensor=3"], "8 devices are not divisible by 3"),
+])
+def test_plan_bad_input_is_one_line_exit_2(extra, needle, capsys):
+  assert main(["plan", "--config", "configs/tiny_ar.py", *TINY, *extra]) == 2
+  assert needle in capsys.readouterr().err
+
+
+def test_a_recipe_that_fits_nowhere_exits_1_with_the_numbers(capsys):
+  import cardjax.plan.targets as targets
+  hbm = targets.GPUS["H200"]
+  try:
+    targets.GPUS["H200"] = (1 << 20, hbm[1])  # 1 MiB devices: not even the state fits
+    code = main(["plan", "--config", "configs/tiny_ar.py", *TINY, "--topology", "8xH200"])
+  finally:
+    targets.GPUS["H200"] = hbm
+  out = capsys.readouterr().out
+  assert code == 1 and "does not fit with any grad_accum tried" in out and "MiB" in out

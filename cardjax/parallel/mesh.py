@@ -32,9 +32,25 @@ def mesh_shape(data: int = 1, fsdp: int = -1, tensor: int = 1, num_devices: int 
   return tuple(sizes[a] for a in MESH_AXES)
 
 
-def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices=None):
-  """A mesh with Auto axes (XLA propagates shardings we do not pin)."""
+def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices=None, slices: int = 1):
+  """A mesh with Auto axes (XLA propagates shardings we do not pin). With slices > 1 the
+  devices are TPU slices joined over the data-center network: the data axis is laid across
+  slices (only gradients cross DCN), fsdp and tensor inside each slice's ICI."""
   devices = jax.devices() if devices is None else devices
   shape = mesh_shape(data, fsdp, tensor, len(devices))
-  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
-                       devices=devices)
+  axis_types = (AxisType.Auto,) * len(MESH_AXES)
+  if slices == 1:
+    return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types, devices=devices)
+  if slices < 1 or shape[0] % slices:
+    raise ConfigError(f"mesh.data={shape[0]} must be a multiple of mesh.slices={slices} (the "
+                      "data axis spans the slices); set mesh.data to a multiple")
+  found = {getattr(d, "slice_index", None) for d in devices}
+  if len(found) != slices:
+    raise ConfigError(f"mesh.slices={slices} but the devices come from {len(found)} "
+                      f"slice(s) (slice_index {sorted(found, key=str)})")
+  from jax.experimental import mesh_utils
+
+  ici = (shape[0] // slices,) + tuple(shape[1:])
+  dcn = (slices,) + (1,) * (len(shape) - 1)
+  grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
+  return jax.sharding.Mesh(grid, MESH_AXES, axis_types=axis_types)

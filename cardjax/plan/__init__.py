@@ -76,6 +76,11 @@ def run_plan(config, topology: str, search: bool = True) -> list[Plan]:
   one fits (each a compile). The last plan is the answer."""
   target = parse_target(topology)
   devices = target_devices(target)
+  if target.slices != config.mesh.slices:  # the mesh follows the machine: data across slices
+    config = copy.deepcopy(config)
+    config.mesh.slices = target.slices
+    if config.mesh.data % target.slices:
+      config.mesh.data = target.slices
   plans = [_compile(config, target, devices, config.train.grad_accum)]
   if plans[-1].fits or not search:
     return plans
@@ -96,7 +101,8 @@ def report(config, plans: list[Plan], mfu: float) -> str:
   first, last = plans[0], plans[-1]
   t = first.target
   rows, seq = config.data.batch_size, config.data.seq_len
-  lines = [f"plan: {config.name} on {t.name} ({t.chips} {t.chip} chips"
+  slices = f" in {t.slices} slices over DCN" if t.slices > 1 else ""
+  lines = [f"plan: {config.name} on {t.name} ({t.chips} {t.chip} chips{slices}"
            + (f", libtpu topology {t.libtpu_topology})" if t.libtpu_topology else ")"),
            f"  batch {rows} x seq {seq}, objective {config.objective.name}, "
            f"mesh {first.mesh}, remat {config.model.remat}, loss_chunk {config.train.loss_chunk}"]

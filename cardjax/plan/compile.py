@@ -63,7 +63,8 @@ def step_flops(config, cfg, objective) -> float:
 def compile_step(config, devices) -> Compiled:
   """Lower and compile the train step of `config` for `devices` (may raise the compiler's
   out-of-memory error)."""
-  mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices=devices)
+  mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices=devices,
+                   slices=config.mesh.slices)
   rules = config.mesh.rules or None
   with use_rules(rules) if rules else contextlib.nullcontext():
     cfg = model_config(config)

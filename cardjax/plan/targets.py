@@ -44,7 +44,8 @@ class Target:
   chips: int
   hbm_per_chip: int  # bytes
   peak_per_chip: float  # FLOP/s, dense bf16
-  libtpu_topology: str = ""  # e.g. "v5:2x4x4"; "" for GPUs
+  libtpu_topology: str = ""  # e.g. "v5:2x4x4" (one slice); "" for GPUs
+  slices: int = 1  # TPU slices over DCN (chips counts them all)
 
   @property
   def estimate(self) -> bool:
@@ -76,13 +77,17 @@ def parse_target(name: str) -> Target:
                          f"{sorted(GPUS)} (e.g. 8xH200)")
     hbm, peak = GPUS[kind]
     return Target(text, "gpu", kind, count, hbm, peak)
-  tpu = re.fullmatch(r"(v\d+[a-z]*)-(\d+)", text.lower())
+  tpu = re.fullmatch(r"(?:(\d+)x)?(v\d+[a-z]*)-(\d+)", text.lower())
   if not tpu:
-    raise CardjaxError(f"topology {name!r} is not a TPU slice (v4-N, v5p-N, v5e-N, v6e-N) "
-                       "or a GPU node (NxH200, NxH100, NxA100)")
-  kind, count = TPU_ALIASES.get(tpu.group(1), tpu.group(1)), int(tpu.group(2))
+    raise CardjaxError(f"topology {name!r} is not a TPU slice (v4-N, v5p-N, v5e-N, v6e-N; "
+                       "2xv5p-64 for two slices over DCN) or a GPU node (NxH200, NxH100, "
+                       "NxA100)")
+  slices = int(tpu.group(1) or 1)
+  kind, count = TPU_ALIASES.get(tpu.group(2), tpu.group(2)), int(tpu.group(3))
+  if slices < 1:
+    raise CardjaxError(f"topology {name!r}: the number of slices must be >= 1")
   if kind not in TPU_CHIPS:
-    raise CardjaxError(f"topology {name!r}: unknown TPU generation {tpu.group(1)!r}; use one "
+    raise CardjaxError(f"topology {name!r}: unknown TPU generation {tpu.group(2)!r}; use one "
                        f"of {sorted(TPU_CHIPS)}")
   hbm, peak, counts_cores, three_d = TPU_CHIPS[kind]
   chips = count // 2 if counts_cores else count
@@ -90,7 +95,8 @@ def parse_target(name: str) -> Target:
     raise CardjaxError(f"topology {name!r}: {kind}-N counts TensorCores, two per chip; N must "
                        "be even")
   shape = _torus(chips, 3 if three_d else 2)
-  return Target(text, "tpu", kind, chips, hbm, peak, f"{LIBTPU_NAME[kind]}:{shape}")
+  return Target(text, "tpu", kind, chips * slices, hbm, peak, f"{LIBTPU_NAME[kind]}:{shape}",
+                slices)
 
 
 def add_libtpu_path() -> bool:
@@ -113,7 +119,8 @@ def target_devices(target: Target) -> list:
   if target.platform == "tpu":
     try:
       from jax.experimental import topologies
-      devices = topologies.get_topology_desc(target.libtpu_topology, "tpu").devices
+      devices = topologies.get_topology_desc(target.libtpu_topology, "tpu",
+                                             num_slices=target.slices).devices
     except Exception as e:  # libtpu missing, or an older one without this topology
       raise CardjaxError(
           f"cannot make compile-only TPU devices for {target.name} ({target.libtpu_topology}):"

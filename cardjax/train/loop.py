@@ -96,7 +96,8 @@ def train(config, workdir: str | Path) -> dict:
     # Before the first compile; entries are keyed by program, devices and jax version.
     jax.config.update("jax_compilation_cache_dir", config.train.compilation_cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-  mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+  mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor,
+                   slices=config.mesh.slices)
   rules = config.mesh.rules or None
   with jax.set_mesh(mesh), (use_rules(rules) if rules else contextlib.nullcontext()):
     return _train(config, workdir, mesh)
