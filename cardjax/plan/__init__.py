@@ -127,8 +127,9 @@ def report(config, plans: list[Plan], mfu: float) -> str:
     days = config.train.steps * step_s / 86400
     lines.append(f"  model FLOPs per step {flop_plan.flops_per_step:.3e}; at {mfu:.0%} MFU of "
                  f"{peak:.3e} FLOP/s: {step_s:.3f} s per step, {tokens / step_s:,.0f} tokens/s")
+    took = f"{days:.1f} days" if days >= 1 else f"{24 * days:.1f} hours"
     lines.append(f"  budget: {config.train.steps:,} steps x {tokens:,} tokens = "
-                 f"{config.train.steps * tokens:.3e} tokens: {days:.1f} days")
+                 f"{config.train.steps * tokens:.3e} tokens: {took}")
   if last.fits:
     if last is not first:
       lines.append(f"  => set --config.train.grad_accum={last.grad_accum} (or more chips)")
