@@ -16,7 +16,7 @@ from cardjax.config import load_config
 
 BASES = {"sft": "tiny_sft", "mars": "tiny_mars", "ar": "tiny_ar", "card": "tiny_card",
          "card_half": "tiny_card", "mdlm": "tiny_mdlm"}
-STEPS = {"sft": 2000, "mars": 1000, "ar": 800, "card": 800, "card_half": 800, "mdlm": 2000}
+STEPS = {"sft": 4000, "mars": 1000, "ar": 800, "card": 800, "card_half": 800, "mdlm": 2000}
 
 
 def get_config(name: str = "sft"):
