@@ -44,6 +44,12 @@ def timed_pass(decode, chunks) -> tuple[float, int, int]:
 FORWARD_SLOTS = 256
 
 
+def spread(values: list[float], digits: int, unit: str = "") -> str:
+  """'median [min-max]' of a method's values over rounds."""
+  f = f".{digits}f"
+  return (f"{statistics.median(values):{f}}{unit} [{min(values):{f}}-{max(values):{f}}]")
+
+
 def forward_summary(rounds: list[dict], methods, widths: list[int]) -> str:
   """Per method: the ms per row-forward its decode implies (prefill included) against AR's,
   beside the forward loop's ratio of each width to the first: where the two agree, a
@@ -55,15 +61,13 @@ def forward_summary(rounds: list[dict], methods, widths: list[int]) -> str:
     ms = [1e3 * rd[name]["seconds"] / max(1, rd[name]["row_forwards"]) for rd in rounds]
     ratio = [m / (1e3 * rd["ar"]["seconds"] / max(1, rd["ar"]["row_forwards"]))
              for m, rd in zip(ms, rounds)]
-    lines.append(f"| {name} | {statistics.median(ms):.1f} [{min(ms):.1f}-{max(ms):.1f}] | "
-                 f"{statistics.median(ratio):.2f}x [{min(ratio):.2f}-{max(ratio):.2f}] |")
+    lines.append(f"| {name} | {spread(ms, 1)} | {spread(ratio, 2, 'x')} |")
   lines += ["\n| new tokens | forward loop ms, median [range] | x one token, median [range] |",
             "|---|---|---|"]
   for w in widths:
     ms = [rd["forward_ms"][str(w)] for rd in rounds]
     ratio = [rd["forward_ms"][str(w)] / rd["forward_ms"][str(widths[0])] for rd in rounds]
-    lines.append(f"| {w} | {statistics.median(ms):.1f} [{min(ms):.1f}-{max(ms):.1f}] | "
-                 f"{statistics.median(ratio):.2f}x [{min(ratio):.2f}-{max(ratio):.2f}] |")
+    lines.append(f"| {w} | {spread(ms, 1)} | {spread(ratio, 2, 'x')} |")
   return "\n".join(lines)
 
 
@@ -128,9 +132,7 @@ def main() -> None:
     rates = [rd[name]["tokens"] / rd[name]["seconds"] for rd in rounds]
     ratios = [rate / (rd["ar"]["tokens"] / rd["ar"]["seconds"]) for rate, rd in zip(rates, rounds)]
     tpf = rounds[0][name]["tokens"] / max(1, rounds[0][name]["row_forwards"])
-    print(f"| {name} | {tpf:.2f} | {statistics.median(rates):.1f} [{min(rates):.1f}-"
-          f"{max(rates):.1f}] | {statistics.median(ratios):.2f}x [{min(ratios):.2f}-"
-          f"{max(ratios):.2f}] |")
+    print(f"| {name} | {tpf:.2f} | {spread(rates, 1)} | {spread(ratios, 2, 'x')} |")
   if widths:
     print(forward_summary(rounds, methods, widths))
   if args.out:

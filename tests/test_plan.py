@@ -52,7 +52,7 @@ def test_plan_on_8_simulated_gpus_searches_grad_accum(tmp_path, capsys):
   import cardjax.plan.targets as targets
   hbm = targets.GPUS["H200"]
   try:  # shrink the device until only a smaller micro-batch fits
-    targets.GPUS["H200"] = (int(big.total * 0.8), hbm[1])
+    targets.GPUS["H200"] = int(big.total * 0.8)
     plans = run_plan(config, "8xH200")
     assert not plans[0].fits and plans[-1].fits and plans[-1].grad_accum == 2
     assert plans[-1].temp < plans[0].temp
@@ -104,7 +104,7 @@ def test_a_recipe_that_fits_nowhere_exits_1_with_the_numbers(capsys):
   import cardjax.plan.targets as targets
   hbm = targets.GPUS["H200"]
   try:
-    targets.GPUS["H200"] = (1 << 20, hbm[1])  # 1 MiB devices: not even the state fits
+    targets.GPUS["H200"] = 1 << 20  # 1 MiB devices: not even the state fits
     code = main(["plan", "--config", "configs/tiny_ar.py", *TINY, "--topology", "8xH200"])
   finally:
     targets.GPUS["H200"] = hbm

@@ -56,16 +56,21 @@ def _batch(rows=8, seq=32, seed=0):
   return next(iter(make_dataset([{"text": d.encode()} for d in docs], tok, spec, 0, 1)))
 
 
-def _run_step(config, batch, mesh, accum=1, steps=1, loss_chunk=0):
+def _init_state(config, mesh):
+  """(objective, graphdef, params, tx, opt_state) of a fresh model on `mesh` (inside it)."""
   cfg = model_config(config)
+  model = create_model(cfg, seed=0, mesh=mesh)
+  graphdef, params = nnx.split(model, nnx.Param)
+  params = nnx.to_pure_dict(params)
+  tx = make_optimizer(config.train, params)
+  opt_state = sharded_init(tx, params, mesh)(params)
+  return make_objective(config.objective, cfg), graphdef, params, tx, opt_state
+
+
+def _run_step(config, batch, mesh, accum=1, steps=1, loss_chunk=0):
   with jax.set_mesh(mesh):
-    model = create_model(cfg, seed=0, mesh=mesh)
-    graphdef, params = nnx.split(model, nnx.Param)
-    params = nnx.to_pure_dict(params)
-    tx = make_optimizer(config.train, params)
-    opt_state = sharded_init(tx, params, mesh)(params)
-    step = jax.jit(make_train_step(graphdef, make_objective(config.objective, cfg), tx,
-                                   config.seed, accum, loss_chunk))
+    objective, graphdef, params, tx, opt_state = _init_state(config, mesh)
+    step = jax.jit(make_train_step(graphdef, objective, tx, config.seed, accum, loss_chunk))
     for i in range(steps):
       params, opt_state, metrics = step(params, opt_state, {k: jnp.asarray(v) for k, v in
                                                             batch.items()}, jnp.int32(i))
@@ -116,20 +121,14 @@ def test_accumulation_shrinks_the_compiled_temp_memory(data_dir):
   live: accum 2 needs at most 0.6x accum 1's temp memory (about 2x when the first ran
   outside the scan), and accum 4 less again."""
   config = _config(data_dir, "--config.model.vocab_size=512")
-  cfg = model_config(config)
   mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
   batch = {k: jax.ShapeDtypeStruct((32, 128), jnp.int32)
            for k in ("tokens", "positions", "segment_ids", "loss_mask")}
   temp = {}
   with jax.set_mesh(mesh):
-    model = create_model(cfg, seed=0, mesh=mesh)
-    graphdef, params = nnx.split(model, nnx.Param)
-    params = nnx.to_pure_dict(params)
-    tx = make_optimizer(config.train, params)
-    opt_state = sharded_init(tx, params, mesh)(params)
+    objective, graphdef, params, tx, opt_state = _init_state(config, mesh)
     for accum in (1, 2, 4):
-      step = jax.jit(make_train_step(graphdef, make_objective(config.objective, cfg), tx,
-                                     config.seed, accum))
+      step = jax.jit(make_train_step(graphdef, objective, tx, config.seed, accum))
       compiled = step.lower(params, opt_state, batch, jnp.int32(0)).compile()
       temp[accum] = compiled.memory_analysis().temp_size_in_bytes
   assert temp[2] <= 0.6 * temp[1], temp

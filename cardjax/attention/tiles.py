@@ -44,7 +44,7 @@ def tile_table(spec: MaskSpec, q_meta, k_meta, block_q: int, block_k: int) -> np
   return out
 
 
-def row_layout(kind: str, length: int, block: int = 0, documents: int = 1):
+def row_layout(kind: str, length: int, documents: int = 1):
   """(positions, streams, segments) of one training row of `length` data tokens as the
   objectives lay it out: one stream for causal / bidirectional / block_causal, [clean |
   noisy] for MARS's dual_stream, [noisy | clean] for bd3lm; `documents` packed documents of

@@ -20,7 +20,6 @@ from cardjax.errors import CardjaxError
 from cardjax.plan.targets import GIB, Target, add_libtpu_path, parse_target, target_devices
 
 OOM = re.compile(r"RESOURCE_EXHAUSTED|[Oo]ut of memory|exceeds? .*memory|hbm capacity")
-USED = re.compile(r"Used ([\d.]+)([KMGT])? of ([\d.]+)([KMGT])? hbm")
 
 
 @dataclasses.dataclass
@@ -57,11 +56,20 @@ def _compile(config, target: Target, devices, accum: int) -> Plan:
     if not OOM.search(text):
       raise
     return Plan(target, accum, False, compiler_error=text.splitlines()[0][:300],
-                mesh={"devices": len(devices)})
+                mesh=planned_mesh(config, devices))
   plan = Plan(target, accum, True, got.params, got.opt_state, got.temp, got.total,
               got.flops_per_step, got.mesh)
   plan.fits = plan.total <= plan.hbm
   return plan
+
+
+def planned_mesh(config, devices) -> dict:
+  """The mesh shape the config takes on these devices (without compiling anything)."""
+  from cardjax.parallel.mesh import mesh_shape
+  from cardjax.parallel.sharding import MESH_AXES
+
+  shape = mesh_shape(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, len(devices))
+  return dict(zip(MESH_AXES, shape))
 
 
 def accum_choices(config, data_parallel: int) -> list[int]:
@@ -84,7 +92,8 @@ def run_plan(config, topology: str, search: bool = True) -> list[Plan]:
   plans = [_compile(config, target, devices, config.train.grad_accum)]
   if plans[-1].fits or not search:
     return plans
-  data_parallel = plans[-1].mesh.get("data", 1) * plans[-1].mesh.get("fsdp", 1)
+  mesh = planned_mesh(config, devices)
+  data_parallel = mesh["data"] * mesh["fsdp"]
   for accum in accum_choices(config, data_parallel):
     plans.append(_compile(config, target, devices, accum))
     if plans[-1].fits:

@@ -18,13 +18,13 @@ import numpy as np
 from flax import nnx
 
 from cardjax.config import model_config
-from cardjax.data.pipeline import batch_sharding
+from cardjax.data.pipeline import KEYS as BATCH_KEYS, batch_sharding
 from cardjax.model import abstract_model
 from cardjax.objectives import make_objective
 from cardjax.parallel import make_mesh, use_rules
 from cardjax.train import flops
 from cardjax.train.optimizer import make_optimizer, state_shardings
-from cardjax.train.step import corrupt_rows, jit_train_step, step_row_keys
+from cardjax.train.step import jit_train_step
 
 
 @dataclasses.dataclass
@@ -54,10 +54,7 @@ def step_flops(config, cfg, objective) -> float:
   seq = config.data.seq_len
   row = {"tokens": np.full((1, seq), 5, np.int32), "positions": np.arange(seq)[None],
          "segment_ids": np.ones((1, seq), np.int32), "loss_mask": np.ones((1, seq), np.int32)}
-  sample = corrupt_rows(objective, row, step_row_keys(jax.random.key(0), 0, 1))
-  pairs = flops.visible_pairs(sample)
-  per_row = flops.train_flops_per_row(cfg, seq * objective.stream_factor, pairs)
-  return config.data.batch_size * per_row
+  return flops.train_flops_per_step(cfg, objective, row, config.data.batch_size)
 
 
 def compile_step(config, devices) -> Compiled:
@@ -84,7 +81,7 @@ def compile_step(config, devices) -> Compiled:
                           rows_sh)
     shape = (config.data.batch_size, config.data.seq_len)
     batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rows_sh)
-             for k in ("tokens", "positions", "segment_ids", "loss_mask")}
+             for k in BATCH_KEYS}
     compiled = step.lower(params, opt_state, batch, jax.ShapeDtypeStruct((), jnp.int32)).compile()
     mem = compiled.memory_analysis()
   total = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes

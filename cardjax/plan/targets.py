@@ -15,25 +15,25 @@ import re
 import sys
 
 from cardjax.errors import CardjaxError
+from cardjax.peaks import peak_flops_for_kind
 
 # Where `make install` puts libtpu: beside the venv, so that only plan processes see it.
 LIBTPU_DIR = os.environ.get("CARDJAX_LIBTPU_DIR") or os.path.join(sys.prefix, "libtpu-plan")
 
 GIB = 1 << 30
-# Per chip: HBM bytes, dense bf16 peak FLOP/s, whether the Cloud name counts TensorCores,
-# and whether the torus is 3-D.
+# Per chip: HBM bytes, whether the Cloud name counts TensorCores, and whether the torus is
+# 3-D. Peak FLOP/s come from cardjax.peaks (the trainer's MFU table).
 TPU_CHIPS = {
-    "v4": (32 * GIB, 275e12, True, True),
-    "v5p": (95 * GIB, 459e12, True, True),
-    "v5e": (16 * GIB, 197e12, False, False),
-    "v6e": (32 * GIB, 918e12, False, False),
+    "v4": (32 * GIB, True, True),
+    "v5p": (95 * GIB, True, True),
+    "v5e": (16 * GIB, False, False),
+    "v6e": (32 * GIB, False, False),
 }
 TPU_ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e"}
 # libtpu's names for the compile-only topologies.
 LIBTPU_NAME = {"v4": "v4", "v5p": "v5", "v5e": "v5e", "v6e": "v6e"}
-# Per GPU: memory as nvidia-smi reports it, dense bf16 peak FLOP/s.
-GPUS = {"H200": (143771 << 20, 989e12), "H100": (81559 << 20, 989e12),
-        "A100": (81920 << 20, 312e12)}
+# Per GPU: memory as nvidia-smi reports it.
+GPUS = {"H200": 143771 << 20, "H100": 81559 << 20, "A100": 81920 << 20}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,8 +75,7 @@ def parse_target(name: str) -> Target:
     if kind not in GPUS or count < 1:
       raise CardjaxError(f"topology {name!r}: unknown GPU {kind!r}; use N x one of "
                          f"{sorted(GPUS)} (e.g. 8xH200)")
-    hbm, peak = GPUS[kind]
-    return Target(text, "gpu", kind, count, hbm, peak)
+    return Target(text, "gpu", kind, count, GPUS[kind], peak_flops_for_kind(kind))
   tpu = re.fullmatch(r"(?:(\d+)x)?(v\d+[a-z]*)-(\d+)", text.lower())
   if not tpu:
     raise CardjaxError(f"topology {name!r} is not a TPU slice (v4-N, v5p-N, v5e-N, v6e-N; "
@@ -89,14 +88,14 @@ def parse_target(name: str) -> Target:
   if kind not in TPU_CHIPS:
     raise CardjaxError(f"topology {name!r}: unknown TPU generation {tpu.group(2)!r}; use one "
                        f"of {sorted(TPU_CHIPS)}")
-  hbm, peak, counts_cores, three_d = TPU_CHIPS[kind]
+  hbm, counts_cores, three_d = TPU_CHIPS[kind]
   chips = count // 2 if counts_cores else count
   if chips < 1 or (counts_cores and count % 2):
     raise CardjaxError(f"topology {name!r}: {kind}-N counts TensorCores, two per chip; N must "
                        "be even")
   shape = _torus(chips, 3 if three_d else 2)
-  return Target(text, "tpu", kind, chips * slices, hbm, peak, f"{LIBTPU_NAME[kind]}:{shape}",
-                slices)
+  return Target(text, "tpu", kind, chips * slices, hbm, peak_flops_for_kind(f"tpu {kind}"),
+                f"{LIBTPU_NAME[kind]}:{shape}", slices)
 
 
 def add_libtpu_path() -> bool:

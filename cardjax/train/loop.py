@@ -36,7 +36,7 @@ from cardjax.train import flops
 from cardjax.train.checkpointing import TrainCheckpointer
 from cardjax.train.metrics import MetricsWriter
 from cardjax.train.optimizer import learning_rate, make_optimizer, sharded_init
-from cardjax.train.step import corrupt_rows, jit_train_step, make_eval_step, step_row_keys
+from cardjax.train.step import jit_train_step, make_eval_step
 
 log = logging.getLogger("cardjax.train")
 RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat", "attention_impl",
@@ -180,11 +180,7 @@ def _train(config, workdir: Path, mesh) -> dict:
         if flops_per_step is None:
           # This host's rows (a global array is not fully addressable on a pod).
           local = {k: np.asarray(v.addressable_shards[0].data) for k, v in batch.items()}
-          sample = corrupt_rows(objective, local, step_row_keys(jax.random.key(0), 0,
-                                                           len(local["tokens"])))
-          pairs = flops.visible_pairs(sample)
-          flops_per_step = rows * flops.train_flops_per_row(cfg, seq * objective.stream_factor,
-                                                            pairs)
+          flops_per_step = flops.train_flops_per_step(cfg, objective, local, rows)
         params, opt_state, metrics = step_fn(params, opt_state, batch, jnp.int32(step))
         if pending is not None:
           check(*pending)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from cardjax.data.pipeline import KEYS as BATCH_KEYS
 from cardjax.objectives.base import ModelInputs, Objective
 from cardjax.objectives.chunked_ce import HeadInputs
 
@@ -99,7 +100,7 @@ def jit_train_step(graphdef, objective: Objective, tx: optax.GradientTransformat
   """The train step as the trainer runs it (and `cardjax plan` compiles it): jitted with
   the parameters' and optimizer state's shardings in and out, the batch rows over the
   data-parallel axes, parameters and state donated."""
-  batch_shardings = {k: batch_sh for k in ("tokens", "positions", "segment_ids", "loss_mask")}
+  batch_shardings = {k: batch_sh for k in BATCH_KEYS}
   return jax.jit(make_train_step(graphdef, objective, tx, seed, train.grad_accum,
                                  train.loss_chunk),
                  in_shardings=(param_sh, opt_sh, batch_shardings, None),
