@@ -1,18 +1,39 @@
-"""Attention patterns: the share of score tiles a block-sparse kernel never visits.
+"""Attention patterns: skipped tiles, and the block-sparse Pallas GPU kernel against cuDNN.
 
   python benchmarks/attention.py [--lengths 512,2048,8192] [--tiles 128,512]
+  python benchmarks/attention.py --kernel [--out FILE]       # + the kernel sections below
 
-For each cardjax mask pattern, one training row of L data tokens laid out as the objective
-lays it out (MARS and BD3LM read 2L tokens: two streams), classified tile by tile with the
-mask predicate (cardjax/attention/tiles.py): the share of EMPTY tiles (skipped), and of FULL
-ones (no mask work). Machine independent: a property of the pattern and the tile size.
+Tile table (always; machine independent): for each cardjax mask pattern, one training row of
+L data tokens laid out as the objective lays it out (MARS and BD3LM read 2L tokens: two
+streams), classified tile by tile with the mask predicate (cardjax/attention/tiles.py): the
+share of EMPTY tiles (skipped), and of FULL ones (no mask work).
+
+With --kernel:
+  * the kernel's own device tables (cardjax/attention/pallas_gpu.py: tile_classes from
+    per-tile metadata bounds, the tables the kernel really walks) at its default tiles
+    (forward 128 x 64, backward 64 x 64) for the same rows: skipped / FULL shares;
+  * a max-error table of the kernel against the dense reference (output, dq, dk, dv) at
+    small sizes: in interpret mode on CPU, compiled on a GPU (the same kernel code);
+  * on a GPU only (jax.default_backend() == 'gpu'): forward and forward+backward times of
+    the kernel, cuDNN with the dense mask (jax.nn.dot_product_attention(implementation=
+    'cudnn', mask=...)) and cuDNN causal (is_causal=True) over the same row, for the causal,
+    packed and MARS dual-stream patterns at --gpu-lengths; TFLOP/s count only the visible
+    (query, key) pairs of each pattern (4 d flops per pair forward, 14 d forward+backward,
+    per head); the ratios are the kernel's speedup over cuDNN with the mask and its useful
+    TFLOP/s as a share of cuDNN causal's useful TFLOP/s. Targets: MARS >= 2x the masked
+    cuDNN at L >= 4096 and >= 60% of cuDNN causal's useful TFLOP/s.
+Rows are printed (and appended to --out) as they finish, so a run cut short keeps them;
+--budget-s stops starting new GPU rows after that many seconds.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -26,19 +47,32 @@ PATTERNS = [("causal (AR, CARD)", MaskSpec("causal"), "causal", 1),
             ("MARS dual stream, B = 4", MaskSpec("dual_stream", 4), "dual_stream", 1),
             ("BD3LM, B = 16", MaskSpec("bd3lm", 16), "bd3lm", 1),
             ("block causal, B = 16", MaskSpec("block_causal", 16), "block_causal", 1)]
+# The patterns timed on a GPU: (name, mask, layout kind, packed documents).
+GPU_PATTERNS = [("MARS dual stream, B = 4", MaskSpec("dual_stream", 4), "dual_stream", 1),
+                ("causal, 4 packed documents", MaskSpec("causal"), "causal", 4),
+                ("causal (AR, CARD)", MaskSpec("causal"), "causal", 1)]
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--lengths", default="512,2048,8192")
-  parser.add_argument("--tiles", default="128,512")
-  args = parser.parse_args()
-  lengths = [int(x) for x in args.lengths.split(",")]
-  tiles = [int(x) for x in args.tiles.split(",")]
-  print("skipped tiles (full tiles), per pattern, row length L and square tile size\n")
-  print("| pattern | " + " | ".join(f"L={n}, tile {t}" for n in lengths for t in tiles)
-        + " |\n|---|" + "---|" * (len(lengths) * len(tiles)))
+class Report:
+  """Prints lines and appends them to a file (when given) as they come."""
+
+  def __init__(self, path: str | None):
+    self.path = Path(path) if path else None
+    if self.path:
+      self.path.parent.mkdir(parents=True, exist_ok=True)
+      self.path.write_text("")
+
+  def __call__(self, line: str = "") -> None:
+    print(line, flush=True)
+    if self.path:
+      with self.path.open("a") as f:
+        f.write(line + "\n")
+
+
+def host_tile_table(report, lengths, tiles) -> None:
+  report("skipped tiles (full tiles), per pattern, row length L and square tile size\n")
+  report("| pattern | " + " | ".join(f"L={n}, tile {t}" for n in lengths for t in tiles)
+         + " |\n|---|" + "---|" * (len(lengths) * len(tiles)))
   for name, spec, kind, docs in PATTERNS:
     cells = []
     for n in lengths:
@@ -46,7 +80,200 @@ def main() -> None:
       for t in tiles:
         table = tile_table(spec, meta, meta, t, t)
         cells.append(f"{100 * skipped_fraction(table):.1f}% ({100 * (table == FULL).mean():.1f}%)")
-    print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+    report(f"| {name} | " + " | ".join(cells) + " |")
+
+
+def batched_meta(kind, length, documents, batch=1):
+  import jax.numpy as jnp
+  return tuple(jnp.asarray(np.repeat(np.asarray(x, np.int32)[None], batch, 0))
+               for x in row_layout(kind, length, documents=documents))
+
+
+def kernel_tables(report, lengths) -> None:
+  """Skip / FULL shares of the tables the kernel walks (device pre-pass, default tiles)."""
+  from cardjax.attention import pallas_gpu as pg
+  report("\nkernel tables (device pre-pass from metadata bounds): skipped (FULL) tiles, "
+         f"forward {pg.BLOCK_Q}x{pg.BLOCK_K} | backward {pg.BWD_BLOCK_Q}x{pg.BWD_BLOCK_K}\n")
+  report("| pattern | " + " | ".join(f"L={n} fwd | L={n} bwd" for n in lengths)
+         + " |\n|---|" + "---|---|" * len(lengths))
+  for name, spec, kind, docs in PATTERNS:
+    cells = []
+    for n in lengths:
+      meta = batched_meta(kind, n, docs)
+      for bq, bk in ((pg.BLOCK_Q, pg.BLOCK_K), (pg.BWD_BLOCK_Q, pg.BWD_BLOCK_K)):
+        f = pg.visit_fractions(pg.tile_classes(spec, meta, meta, bq, bk))
+        cells.append(f"{100 * f['skipped']:.1f}% ({100 * f['full']:.1f}%)")
+    report(f"| {name} | " + " | ".join(cells) + " |")
+
+
+def error_table(report, length: int, interpret: bool) -> float:
+  """Max |kernel - reference| of output and gradients per pattern; returns the worst."""
+  import jax
+  import jax.numpy as jnp
+
+  from cardjax.attention import dense_mask, reference_attention
+  from cardjax.attention import pallas_gpu as pg
+
+  mode = "interpret mode" if interpret else "compiled"
+  tiles = "16 x 16 tiles" if interpret else "default tiles"
+  report(f"\nkernel vs dense reference ({mode}, {tiles}), L={length}, float32, 4 heads / "
+         "2 kv heads, d=64; loss weights 0 on rows with no visible key\n")
+  report("| pattern | output | dq | dk | dv |\n|---|---|---|---|---|")
+  worst = 0.0
+  for name, spec, kind, docs in PATTERNS:
+    meta = batched_meta(kind, length, docs)
+    t = meta[0].shape[1]
+    keys = jax.random.split(jax.random.key(0), 4)
+    q = jax.random.normal(keys[0], (1, t, 4, 64))
+    k, v = (jax.random.normal(x, (1, t, 2, 64)) for x in keys[1:3])
+    seen = dense_mask(spec, meta, meta).any(-1)[:, :, None, None]  # rows with a visible key
+    w = jax.random.normal(keys[3], q.shape) * seen
+
+    def run(fn):
+      def loss(q, k, v):
+        out = fn(q, k, v)
+        return jnp.sum(out * w), out
+      (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(
+          q, k, v)
+      return [out, *grads]
+
+    # Interpret mode runs short rows: 16 x 16 tiles give them several tiles per side.
+    tile = 16 if interpret else None
+    got = run(lambda q, k, v: pg.pallas_gpu_attention(q, k, v, spec, meta, meta,
+                                                      interpret=interpret, block_q=tile,
+                                                      block_k=tile))
+    with jax.default_matmul_precision("highest"):
+      ref = run(lambda q, k, v: reference_attention(q, k, v, spec, meta, meta))
+    rows = np.asarray(seen, np.float32)  # the kernel returns 0 on rows that see nothing
+    errs = [float(np.abs((np.asarray(got[0]) - np.asarray(ref[0])) * rows).max())]
+    errs += [float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(got[1:], ref[1:])]
+    worst = max(worst, *errs)
+    report(f"| {name} | " + " | ".join(f"{e:.1e}" for e in errs) + " |")
+  return worst
+
+
+def visible_pairs(spec, meta) -> int:
+  """Visible (query, key) pairs of one row, counted in chunks of queries (no T x T array)."""
+  pos, streams, seg = (np.asarray(x)[0] for x in meta)
+  total = 0
+  for s in range(0, len(pos), 1024):
+    sl = slice(s, s + 1024)
+    total += int(spec.allowed(pos[sl, None], pos[None], streams[sl, None], streams[None],
+                              seg[sl, None], seg[None]).sum())
+  return total
+
+
+def timed(fn, *args, repeats: int = 5) -> float:
+  """Median seconds of one call, after a compile-and-warm call."""
+  import jax
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times))
+
+
+def gpu_timings(report, lengths, heads: int, kv_heads: int, head_dim: int, tokens: int,
+                budget_s: float) -> None:
+  import jax
+  import jax.numpy as jnp
+
+  from cardjax.attention import dense_mask
+  from cardjax.attention import pallas_gpu as pg
+
+  start = time.perf_counter()
+  report(f"\nGPU timings: {jax.devices()[0].device_kind}, jax {jax.__version__}, bfloat16, "
+         f"{heads} heads / {kv_heads} kv heads, d={head_dim}, batch = max(1, {tokens} // T); "
+         "ms (useful TFLOP/s)\n")
+  report("| pattern | L | T | pass | kernel | cuDNN + mask | cuDNN causal | "
+         "speedup vs masked | share of causal TFLOP/s |\n|---|---|---|---|---|---|---|---|---|")
+  for name, spec, kind, docs in GPU_PATTERNS:
+    for length in lengths:
+      if time.perf_counter() - start > budget_s:
+        report(f"(stopped: --budget-s {budget_s:.0f} s spent; rows after this were not run)")
+        return
+      meta = batched_meta(kind, length, docs)
+      t = meta[0].shape[1]
+      batch = max(1, tokens // t)
+      meta = tuple(jnp.repeat(x, batch, 0) for x in meta)
+      keys = jax.random.split(jax.random.key(length), 3)
+      q = jax.random.normal(keys[0], (batch, t, heads, head_dim), jnp.bfloat16)
+      k, v = (jax.random.normal(x, (batch, t, kv_heads, head_dim), jnp.bfloat16)
+              for x in keys[1:])
+      pairs = visible_pairs(spec, meta) * batch
+      causal_pairs = t * (t + 1) // 2 * batch
+      mask = dense_mask(spec, meta, meta)[:, None]  # [b, 1, T, T] for cuDNN
+
+      # Metadata and mask are arguments, not constants baked into the programs (the mask
+      # is up to 1 GiB, and the kernel's table pre-pass must be timed, not folded).
+      fns = {"kernel": (lambda q, k, v, m: pg.pallas_gpu_attention(q, k, v, spec, m, m), meta),
+             "masked": (lambda q, k, v, m: jax.nn.dot_product_attention(
+                 q, k, v, mask=m, implementation="cudnn"), mask),
+             "causal": (lambda q, k, v, m: jax.nn.dot_product_attention(
+                 q, k, v, is_causal=True, implementation="cudnn"), None)}
+      for label, flops_per_pair in (("fwd", 4), ("fwd+bwd", 14)):
+        cells = {}
+        for key, (fn, aux) in fns.items():
+          if label == "fwd":
+            step = jax.jit(fn)
+          else:
+            step = jax.jit(jax.grad(lambda q, k, v, m, fn=fn: fn(q, k, v, m).astype(
+                jnp.float32).sum(), argnums=(0, 1, 2)))
+          try:
+            cells[key] = timed(step, q, k, v, aux)
+          except Exception as e:  # noqa: BLE001  one failed baseline must not end the table
+            report(f"({name}, L={length}, {label}, {key}: failed: {type(e).__name__}: "
+                   f"{str(e).splitlines()[0][:200] if str(e) else ''})")
+            cells[key] = float("nan")
+        useful = flops_per_pair * head_dim * heads
+        tf = {key: useful * (causal_pairs if key == "causal" else pairs) / s / 1e12
+              for key, s in cells.items()}
+        report(f"| {name} | {length} | {t} | {label} | "
+               + " | ".join(f"{1e3 * cells[x]:.2f} ({tf[x]:.0f})"
+                            for x in ("kernel", "masked", "causal"))
+               + f" | {cells['masked'] / cells['kernel']:.2f}x"
+               + f" | {100 * tf['kernel'] / tf['causal']:.0f}% |")
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--lengths", default="512,2048,8192")
+  parser.add_argument("--tiles", default="128,512")
+  parser.add_argument("--kernel", action="store_true",
+                      help="also the kernel's tables, its error table and (on a GPU) timings")
+  parser.add_argument("--check-length", type=int, default=None,
+                      help="L of the error table (default 48 in interpret mode, 1024 on GPU)")
+  parser.add_argument("--gpu-lengths", default="1024,2048,4096,8192,16384")
+  parser.add_argument("--heads", type=int, default=16)
+  parser.add_argument("--kv-heads", type=int, default=4)
+  parser.add_argument("--head-dim", type=int, default=128)
+  parser.add_argument("--tokens", type=int, default=16384,
+                      help="tokens per timed call: batch = max(1, tokens // row length)")
+  parser.add_argument("--budget-s", type=float, default=360.0)
+  parser.add_argument("--out", default=None, help="also append every line to this file")
+  args = parser.parse_args()
+  report = Report(args.out)
+  lengths = [int(x) for x in args.lengths.split(",")]
+  host_tile_table(report, lengths, [int(x) for x in args.tiles.split(",")])
+  if not args.kernel:
+    return
+  import jax
+  on_gpu = jax.default_backend() == "gpu"
+  kernel_tables(report, lengths)
+  worst = error_table(report, args.check_length or (1024 if on_gpu else 48),
+                      interpret=not on_gpu)
+  if worst > 1e-3:  # a wrong kernel's timings mean nothing
+    report(f"\nFAILED: the kernel differs from the reference by {worst:.1e}; no timings")
+    sys.exit(1)
+  if on_gpu:
+    gpu_timings(report, [int(x) for x in args.gpu_lengths.split(",")], args.heads,
+                args.kv_heads, args.head_dim, args.tokens, args.budget_s)
+  else:
+    report("\n(no GPU: kernel timings against cuDNN need jax.default_backend() == 'gpu'; "
+           "see benchmarks/attention_gpu.sh)")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from cardjax.attention.masks import BIDIRECTIONAL, CAUSAL, CLEAN, NOISY, MaskSpec
 from cardjax.attention.reference import cache_attention, dense_mask, reference_attention
+from cardjax.attention import select
+from cardjax.attention.select import IMPLEMENTATIONS, AttentionImplError
 from cardjax.attention.structured import TWO_STREAM_KINDS, structured_attention
 
 # "xla": the dense reference, except the two-stream kinds (dual_stream, bd3lm) over a
@@ -19,25 +21,22 @@ def xla_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, structured: bool | No
   return reference_attention(q, k, v, spec, q_meta, k_meta)
 
 
-IMPLEMENTATIONS = {"xla": xla_attention}
-
-
 def attend(q, k, v, spec: MaskSpec, q_meta, k_meta, impl: str = "xla",
-           structured: bool | None = None):
-  """Dispatch to the configured implementation (only XLA exists so far).
+           structured: bool | None = None, interpret: bool | None = None):
+  """Attention by the implementation `impl` names (cardjax/attention/select.py: auto, xla,
+  splash, pallas_gpu, cudnn), resolved when traced; an explicit kernel that cannot serve
+  the call raises AttentionImplError with the fix.
 
   structured: for impl "xla", whether the two-stream kinds use the structured path
-  (None = the module's STRUCTURED_TWO_STREAM; False = the dense reference). Passed on
-  only when given.
+  (None = the module's STRUCTURED_TWO_STREAM; False = the dense reference).
+  interpret: run a Pallas kernel in interpret mode (None = the CARDJAX_ATTENTION_INTERPRET
+  environment variable).
   """
-  try:
-    fn = IMPLEMENTATIONS[impl]
-  except KeyError:
-    raise ValueError(f"unknown attention implementation {impl!r}; "
-                     f"available: {sorted(IMPLEMENTATIONS)}") from None
-  extra = {} if structured is None else {"structured": structured}
-  return fn(q, k, v, spec, q_meta, k_meta, **extra)
+  chosen = select.choose(impl, spec, q.shape, k.shape, q.dtype, interpret=interpret)
+  return select.run(chosen, q, k, v, spec, q_meta, k_meta, interpret=interpret,
+                    structured=structured)
 
 
 __all__ = ["MaskSpec", "CAUSAL", "BIDIRECTIONAL", "CLEAN", "NOISY", "STRUCTURED_TWO_STREAM",
-           "attend", "cache_attention", "dense_mask", "reference_attention", "structured_attention"]
+           "IMPLEMENTATIONS", "AttentionImplError", "attend", "cache_attention", "dense_mask", "reference_attention",
+           "structured_attention"]

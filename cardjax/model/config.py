@@ -11,6 +11,8 @@ MODEL_TYPES = ("qwen2", "llama")
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 ROPE_TYPES = ("default", "linear", "llama3")
+# = cardjax.attention.select.IMPLEMENTATIONS (not imported: the config stays jax-free)
+ATTENTION_IMPLS = ("auto", "xla", "splash", "pallas_gpu", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +51,7 @@ class ModelConfig:
   param_dtype: str = "float32"  # storage dtype of parameters (the master weights)
   scan_layers: bool = False
   remat: str = "none"
-  attention_impl: str = "xla"
+  attention_impl: str = "xla"  # auto | xla | splash | pallas_gpu | cudnn (docs/attention.md)
   initializer_range: float = 0.02
 
   @property
@@ -86,8 +88,9 @@ class ModelConfig:
       bad("param_dtype", f"must be one of {DTYPES}")
     if self.remat not in REMAT_POLICIES:
       bad("remat", f"must be one of {REMAT_POLICIES}")
-    if self.attention_impl not in ("xla",):
-      bad("attention_impl", "must be 'xla' (the Pallas kernels are not built yet)")
+    if self.attention_impl not in ATTENTION_IMPLS:
+      bad("attention_impl", f"must be one of {ATTENTION_IMPLS} (docs/attention.md: auto picks "
+          "by backend and mask; xla runs everywhere)")
     for key in ("bos_token_id", "eos_token_id", "pad_token_id", "mask_token_id"):
       value = getattr(self, key)
       if value < -1 or value >= self.vocab_size:

@@ -1,0 +1,409 @@
+"""Block-sparse flash attention for GPUs: a Pallas kernel for the Triton lowering.
+
+  pallas_gpu_attention(q, k, v, spec, q_meta, k_meta)   same contract as reference_attention
+  unsupported_reason(spec, q_len, k_len, head_dim)      None, or why not and what to do
+
+The [queries x keys] score matrix is cut into block_q x block_k tiles. Per batch row a small
+jnp pre-pass (`tile_classes`) classifies every (query tile, key tile) pair as EMPTY, PARTIAL
+or FULL from per-tile SUMMARIES of the real metadata (min / max of position, block, stream
+and segment id over the tile's real slots), conservatively:
+
+  EMPTY    no (query, key) pair of the two boxes of summaries can satisfy the mask rule:
+           provably nothing visible, the kernels never load the tile;
+  FULL     every pair of the boxes satisfies it (one segment, rule certain) and the key tile
+           holds no length padding: the kernels skip all mask work;
+  PARTIAL  anything else: the kernels evaluate MaskSpec.allowed per element on the real
+           metadata (so packed documents are exact) and mask padded key slots by index.
+
+Because EMPTY and FULL are only claimed when provable, the result is exact for every
+metadata the reference accepts; a tile the summaries cannot decide costs mask work, never
+correctness. The metadata is traced data in training (packed rows), which is why the table
+is built on device, O(batch x tiles) work, instead of on the host. For the layouts the
+objectives produce it is as tight as the host tile table (cardjax/attention/tiles.py)
+except at document boundaries inside a tile: the causal upper triangle, the MARS
+clean->noisy quarter and the noisy->noisy tiles outside the block band are all EMPTY.
+
+`visit_table` turns the classes into one int32 row per query tile:
+[n_full, n_partial, key tiles that are FULL..., key tiles that are PARTIAL..., padding];
+the forward and dq kernels walk it, the dk/dv kernel walks the same construction over the
+transposed classes (per key tile, the query tiles that see it). Each kernel runs two loops,
+the FULL tiles without a mask, then the PARTIAL tiles with one.
+
+Row guards: masked scores are -inf and the running max is replaced by 0 while it is still
+-inf, so a row with no visible key accumulates nothing; its output is 0 and its saved
+logsumexp is +inf, which makes every recomputed probability exp(s - lse) exactly 0 in the
+backward: zero gradient, no NaN. (The dense reference gives such a row the mean of v
+instead; the two agree on every row that sees at least one key.)
+
+GQA: the grid runs over query heads; the key/value block of query head h is kv head
+h // (heads // kv_heads). dk / dv are produced per query head in float32 and summed over
+each group outside the kernel.
+
+Versions: written against `jax.experimental.pallas.triton` (plgpu.CompilerParams), which
+jax 0.10 and 0.11 ship (deprecated upstream in favour of Mosaic GPU, still present through
+0.12). On CPU it runs with interpret=True (the default off GPU); the Triton lowering itself
+can be checked without a GPU with `lower_for_gpu` (tests/test_pallas_gpu.py does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from cardjax.attention.masks import CLEAN, NOISY, MaskSpec
+
+EMPTY, PARTIAL, FULL = 0, 1, 2  # the values of cardjax.attention.tiles
+# Forward tiles: 128 queries x 64 keys keeps q, the f32 accumulator and one k/v tile in
+# registers for head dims up to 128 on sm80+. Backward tiles are smaller because the dq
+# and dk/dv kernels hold two accumulators' worth of operands.
+BLOCK_Q, BLOCK_K = 128, 64
+BWD_BLOCK_Q, BWD_BLOCK_K = 64, 64
+MIN_BLOCK = 16  # Triton's dot needs every operand dimension >= 16
+HEAD_DIMS = (16, 32, 64, 128)
+DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+
+
+def unsupported_reason(spec, q_len: int, k_len: int, head_dim: int) -> str | None:
+  """None when the kernel serves this call; else one line saying why not and the fix."""
+  if not isinstance(spec, MaskSpec):
+    return f"spec must be a cardjax MaskSpec, got {type(spec).__name__}"
+  if q_len < 1 or k_len < 1:
+    return f"empty sequence (q_len={q_len}, k_len={k_len}); pass at least one token"
+  if head_dim not in HEAD_DIMS:
+    return (f"head_dim {head_dim} is not one of {HEAD_DIMS} (Triton tiles need a power of "
+            f"two >= 16; larger dims overflow registers); use attention_impl='xla'")
+  return None
+
+
+# --------------------------------------------------------------------------- tile tables
+
+
+def _pow2_block(requested: int | None, default: int, length: int) -> int:
+  """The tile size along one axis: the request, or the default shrunk for short inputs."""
+  if requested is None:
+    return max(MIN_BLOCK, min(default, pl.next_power_of_2(length)))
+  if requested < MIN_BLOCK or requested & (requested - 1):
+    raise ValueError(f"tile size {requested} must be a power of two >= {MIN_BLOCK}; "
+                     f"pass block_q / block_k such as 64 or 128, or None for the default")
+  return requested
+
+
+def _at_most(requested: int | None, limit: int) -> int | None:
+  return None if requested is None else min(requested, limit)
+
+
+def _summaries(meta, block: int, spec: MaskSpec):
+  """Per tile (lo, hi) of position, block id, stream and segment over the REAL slots.
+
+  meta: (positions, streams, segments), each [b, n]; returns a dict of [b, tiles] pairs."""
+  n = meta[0].shape[1]
+  tiles = -(-n // block)
+  pad = tiles * block - n
+  valid = jnp.pad(jnp.ones((n,), bool), (0, pad)).reshape(tiles, block)
+  big = jnp.iinfo(jnp.int32).max
+
+  def lo_hi(x):
+    x = jnp.pad(x.astype(jnp.int32), ((0, 0), (0, pad))).reshape(x.shape[0], tiles, block)
+    return (jnp.min(jnp.where(valid, x, big), axis=-1),
+            jnp.max(jnp.where(valid, x, -big), axis=-1))
+
+  pos, stream, seg = (lo_hi(x) for x in meta)
+  out = {"pos": pos, "stream": stream, "seg": seg}
+  if spec.block_size > 0:  # floor division is monotone, so the bounds carry over
+    out["blk"] = (pos[0] // spec.block_size, pos[1] // spec.block_size)
+  return out
+
+
+def _rule_bounds(spec: MaskSpec, q, k):
+  """(possible, certain): some pair of the two boxes may satisfy the rule (without the
+  segment test) / every pair does. q, k: _summaries broadcast to [b, nq, 1] / [b, 1, nk]."""
+  true = jnp.ones((), bool)
+  if spec.kind == "bidirectional":
+    return true, true
+  if spec.kind == "causal":
+    return k["pos"][0] <= q["pos"][1], k["pos"][1] <= q["pos"][0]
+  qb, kb = q["blk"], k["blk"]
+  if spec.kind == "block_causal":
+    return kb[0] <= qb[1], kb[1] <= qb[0]
+
+  def has(side, s):
+    return (side["stream"][0] <= s) & (s <= side["stream"][1])
+
+  def only(side, s):
+    return (side["stream"][0] == s) & (side["stream"][1] == s)
+
+  blocks_meet = (kb[0] <= qb[1]) & (qb[0] <= kb[1])
+  one_block = (qb[0] == qb[1]) & (kb[0] == kb[1]) & (qb[0] == kb[0])
+  earlier_any, earlier_all = kb[0] < qb[1], kb[1] < qb[0]
+  causal_any, causal_all = k["pos"][0] <= q["pos"][1], k["pos"][1] <= q["pos"][0]
+  qc, qn, kc, kn = has(q, CLEAN), has(q, NOISY), has(k, CLEAN), has(k, NOISY)
+  qc1, qn1, kc1, kn1 = only(q, CLEAN), only(q, NOISY), only(k, CLEAN), only(k, NOISY)
+  if spec.kind == "dual_stream":
+    possible = ((qc & kc & causal_any) | (qn & kn & blocks_meet & causal_any)
+                | (qn & kc & earlier_any))
+    certain = ((qc1 & kc1 & causal_all) | (qn1 & kn1 & one_block & causal_all)
+               | (qn1 & kc1 & earlier_all))
+  else:  # bd3lm
+    possible = ((qn & kn & blocks_meet) | (qn & kc & earlier_any)
+                | (qc & kc & (kb[0] <= qb[1])))
+    certain = ((qn1 & kn1 & one_block) | (qn1 & kc1 & earlier_all)
+               | (qc1 & kc1 & (kb[1] <= qb[0])))
+  return possible, certain
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 4))
+def tile_classes(spec: MaskSpec, q_meta, k_meta, block_q: int, block_k: int):
+  """[b, ceil(Tq / block_q), ceil(Tk / block_k)] int32 of EMPTY / PARTIAL / FULL, on device.
+
+  Conservative (see the module docstring): EMPTY and FULL only where the per-tile bounds
+  prove them, so a kernel that masks PARTIAL tiles per element is exact."""
+  qs = {name: (lo[:, :, None], hi[:, :, None])
+        for name, (lo, hi) in _summaries(q_meta, block_q, spec).items()}
+  ks = {name: (lo[:, None, :], hi[:, None, :])
+        for name, (lo, hi) in _summaries(k_meta, block_k, spec).items()}
+  seg_any = (qs["seg"][0] <= ks["seg"][1]) & (ks["seg"][0] <= qs["seg"][1])
+  seg_all = ((qs["seg"][0] == qs["seg"][1]) & (ks["seg"][0] == ks["seg"][1])
+             & (qs["seg"][0] == ks["seg"][0]))
+  possible, certain = _rule_bounds(spec, qs, ks)
+  k_len = k_meta[0].shape[1]
+  nk = -(-k_len // block_k)
+  k_whole = jnp.arange(nk) < k_len // block_k  # a key tile with length padding is never FULL
+  full = seg_all & certain & k_whole
+  out = jnp.where(full, FULL, jnp.where(seg_any & possible, PARTIAL, EMPTY))
+  return jnp.broadcast_to(out, seg_any.shape[:2] + (nk,)).astype(jnp.int32)
+
+
+@jax.jit
+def visit_table(classes):
+  """[b, rows, cols] classes -> [b, rows, W] int32 rows [n_full, n_partial, FULL column
+  indices..., PARTIAL column indices..., zeros], W a power of two >= cols + 2."""
+  b, rows, cols = classes.shape
+  rank = jnp.where(classes == FULL, 0, jnp.where(classes == PARTIAL, 1, 2))
+  order = jnp.argsort(rank, axis=-1, stable=True).astype(jnp.int32)
+  n_full = jnp.sum(classes == FULL, axis=-1, dtype=jnp.int32)
+  n_partial = jnp.sum(classes == PARTIAL, axis=-1, dtype=jnp.int32)
+  width = pl.next_power_of_2(cols + 2)
+  return jnp.concatenate([n_full[..., None], n_partial[..., None], order,
+                          jnp.zeros((b, rows, width - cols - 2), jnp.int32)], axis=-1)
+
+
+def visit_fractions(classes) -> dict:
+  """Shares of tiles skipped (EMPTY), visited without mask (FULL) and masked (PARTIAL)."""
+  c = np.asarray(classes)
+  return {"skipped": float((c == EMPTY).mean()), "full": float((c == FULL).mean()),
+          "partial": float((c == PARTIAL).mean())}
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+def _dot(a, b, trans_a=False, trans_b=False):
+  """a @ b with float32 accumulation; float32 operands use full precision (no TF32)."""
+  dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
+  precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+  return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
+
+
+def _visible(spec: MaskSpec, q_meta, k_meta, k_start, k_len: int):
+  """[block_q, block_k] mask of a PARTIAL tile: the predicate on the real metadata, and
+  no key slot past the real length."""
+  (qp, qs, qg), (kp, ks, kg) = q_meta, k_meta
+  ok = spec.allowed(qp[:, None], kp[None, :], qs[:, None], ks[None, :], qg[:, None], kg[None, :])
+  k_idx = k_start + lax.broadcasted_iota(jnp.int32, (1, kp.shape[0]), 1)
+  return ok & (k_idx < k_len)
+
+
+def _walk(table_ref, body, carry):
+  """Run body(tile, carry, masked) over the FULL then the PARTIAL entries of a table row."""
+  n_full, n_partial = table_ref[0], table_ref[1]
+  carry = lax.fori_loop(0, n_full, lambda i, c: body(table_ref[2 + i], c, False), carry)
+  return lax.fori_loop(n_full, n_full + n_partial,
+                       lambda i, c: body(table_ref[2 + i], c, True), carry)
+
+
+def _fwd_kernel(table_ref, q_ref, k_ref, v_ref, qp_ref, qs_ref, qg_ref, kp_ref, ks_ref, kg_ref,
+                o_ref, lse_ref, *, spec, scale, block_k, k_len):
+  q = q_ref[...]
+  q_meta = (qp_ref[...], qs_ref[...], qg_ref[...])
+  block_q, d = q.shape
+
+  def body(tile, carry, masked):
+    acc, m, l = carry
+    start = pl.multiple_of(tile * block_k, block_k)
+    keys = pl.ds(start, block_k)
+    k, v = k_ref[keys, :], v_ref[keys, :]
+    s = _dot(q, k, trans_b=True) * scale
+    if masked:  # only PARTIAL tiles pay for the mask
+      k_meta = (kp_ref[keys], ks_ref[keys], kg_ref[keys])
+      s = jnp.where(_visible(spec, q_meta, k_meta, start, k_len), s, -jnp.inf)
+    m_new = jnp.maximum(m, jnp.max(s, axis=1))
+    # While a row has seen no visible key its max is -inf; subtracting 0 instead keeps
+    # exp(-inf - 0) = 0 rather than exp(-inf + inf) = NaN.
+    m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+    p = jnp.exp(s - m_safe[:, None])
+    alpha = jnp.exp(m - m_safe)
+    acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v)
+    return acc, m_new, l * alpha + jnp.sum(p, axis=1)
+
+  init = (jnp.zeros((block_q, d), jnp.float32), jnp.full((block_q,), -jnp.inf, jnp.float32),
+          jnp.zeros((block_q,), jnp.float32))
+  acc, m, l = _walk(table_ref, body, init)
+  empty = l == 0.0
+  o_ref[...] = (acc / jnp.where(empty, 1.0, l)[:, None]).astype(o_ref.dtype)
+  # +inf for rows that saw nothing: the backward's exp(s - lse) is then exactly 0.
+  lse_ref[...] = jnp.where(empty, jnp.inf, m + jnp.log(jnp.where(empty, 1.0, l)))
+
+
+def _compiler_params(head_dim: int, stages: int):
+  return plgpu.CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=stages)
+
+
+def _pad_len(x, length: int):
+  pad = [(0, 0)] * x.ndim
+  pad[1] = (0, length - x.shape[1])
+  return jnp.pad(x, pad)
+
+
+def _forward(q, k, v, q_meta, k_meta, table, *, spec, block_q, block_k, interpret):
+  """(out [b, tq, h, d], lse [b, h, tq_padded] float32) of the forward kernel."""
+  b, tq, h, d = q.shape
+  tk, kvh = k.shape[1], k.shape[2]
+  group = h // kvh
+  nq, nk = -(-tq // block_q), -(-tk // block_k)
+  tq_p, tk_p = nq * block_q, nk * block_k
+  qp = _pad_len(q, tq_p)
+  kp, vp = _pad_len(k, tk_p), _pad_len(v, tk_p)
+  qm = [_pad_len(x.astype(jnp.int32), tq_p) for x in q_meta]
+  km = [_pad_len(x.astype(jnp.int32), tk_p) for x in k_meta]
+  width = table.shape[-1]
+  kernel = functools.partial(_fwd_kernel, spec=spec, scale=d ** -0.5, block_k=block_k,
+                             k_len=tk)
+  q_spec = pl.BlockSpec((None, block_q, None, d), lambda i, j, n: (j, i, n, 0))
+  kv_spec = pl.BlockSpec((None, tk_p, None, d), lambda i, j, n: (j, 0, n // group, 0))
+  qm_spec = pl.BlockSpec((None, block_q), lambda i, j, n: (j, i))
+  km_spec = pl.BlockSpec((None, tk_p), lambda i, j, n: (j, 0))
+  out, lse = pl.pallas_call(
+      kernel,
+      grid=(nq, b, h),
+      in_specs=[pl.BlockSpec((None, None, width), lambda i, j, n: (j, i, 0)),
+                q_spec, kv_spec, kv_spec] + [qm_spec] * 3 + [km_spec] * 3,
+      out_specs=[q_spec, pl.BlockSpec((None, None, block_q), lambda i, j, n: (j, n, i))],
+      out_shape=[jax.ShapeDtypeStruct((b, tq_p, h, d), q.dtype),
+                 jax.ShapeDtypeStruct((b, h, tq_p), jnp.float32)],
+      compiler_params=_compiler_params(d, stages=2),
+      interpret=interpret,
+      name="cardjax_block_sparse_attention_fwd",
+  )(table, qp, kp, vp, *qm, *km)
+  return out[:, :tq], lse
+
+
+# --------------------------------------------------------------------------- public entry
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """The static (hashable) settings of one call: mask, tiles of each pass, interpreter."""
+  spec: MaskSpec
+  interpret: bool
+  block_q: int
+  block_k: int
+  bwd_block_q: int
+  bwd_block_k: int
+
+
+def _check(q, k, v, spec, q_meta, k_meta):
+  """One clear error for bad input; returns nothing."""
+  for name, x in (("q", q), ("k", k), ("v", v)):
+    if x.ndim != 4:
+      raise ValueError(f"{name} must be [batch, length, heads, head_dim], got shape {x.shape}")
+  b, tq, h, d = q.shape
+  if k.shape != v.shape:
+    raise ValueError(f"k and v shapes differ: {k.shape} vs {v.shape}")
+  if k.shape[0] != b or k.shape[3] != d:
+    raise ValueError(f"k/v {k.shape} do not match q {q.shape} in batch or head_dim")
+  if h % k.shape[2]:
+    raise ValueError(f"{h} query heads are not a multiple of {k.shape[2]} kv heads")
+  if not (q.dtype == k.dtype == v.dtype) or q.dtype not in DTYPES:
+    raise ValueError(f"q, k, v must share one dtype of {[jnp.dtype(t).name for t in DTYPES]}; "
+                     f"got {q.dtype}, {k.dtype}, {v.dtype}")
+  for side, meta, length in (("q_meta", q_meta, tq), ("k_meta", k_meta, k.shape[1])):
+    if len(meta) != 3:
+      raise ValueError(f"{side} must be (positions, streams, segment_ids), got {len(meta)} arrays")
+    for x in meta:
+      if x.shape != (b, length) or not jnp.issubdtype(x.dtype, jnp.integer):
+        raise ValueError(f"{side} arrays must be integer [batch, length] = [{b}, {length}], "
+                         f"got {x.dtype}{list(x.shape)}")
+  reason = unsupported_reason(spec, tq, k.shape[1], d)
+  if reason:
+    raise ValueError(f"pallas_gpu_attention cannot serve this call: {reason}")
+
+
+def pallas_gpu_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret=None,
+                         block_q=None, block_k=None):
+  """Block-sparse flash attention; the contract of reference_attention.
+
+  q [b, tq, h, d]; k, v [b, tk, kv_heads, d]; q_meta / k_meta (positions, streams,
+  segment_ids), each [b, len] integer. Returns [b, tq, h, d] in q's dtype; float32 scores,
+  softmax and accumulation. Rows with no visible key return 0 (and get zero gradient).
+  interpret: run the Pallas interpreter (None: True unless the default backend is a GPU).
+  block_q / block_k: forward tile sizes (powers of two >= 16; None: 128 x 64, shrunk for
+  short inputs); the backward's tiles are min(given, 64) (None: 64, shrunk likewise).
+  Differentiable: jax.custom_vjp with Pallas dq and dk/dv kernels.
+  """
+  q_meta, k_meta = (tuple(jnp.asarray(x) for x in m) for m in (q_meta, k_meta))
+  _check(q, k, v, spec, q_meta, k_meta)
+  if interpret is None:
+    interpret = jax.default_backend() != "gpu"
+  tq, tk = q.shape[1], k.shape[1]
+  cfg = Config(spec=spec, interpret=bool(interpret),
+               block_q=_pow2_block(block_q, BLOCK_Q, tq),
+               block_k=_pow2_block(block_k, BLOCK_K, tk),
+               bwd_block_q=_pow2_block(_at_most(block_q, BWD_BLOCK_Q), BWD_BLOCK_Q, tq),
+               bwd_block_k=_pow2_block(_at_most(block_k, BWD_BLOCK_K), BWD_BLOCK_K, tk))
+  q_meta, k_meta = (tuple(x.astype(jnp.int32) for x in m) for m in (q_meta, k_meta))
+  # The tables depend on the metadata only: built once here, outside the differentiated
+  # function, and dead code under jit when no gradient is taken.
+  fwd_table = visit_table(tile_classes(spec, q_meta, k_meta, cfg.block_q, cfg.block_k))
+  bwd_classes = tile_classes(spec, q_meta, k_meta, cfg.bwd_block_q, cfg.bwd_block_k)
+  tables = (fwd_table, visit_table(bwd_classes),
+            visit_table(jnp.swapaxes(bwd_classes, 1, 2)))
+  return _attention(q, k, v, q_meta, k_meta, tables, cfg)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _attention(q, k, v, q_meta, k_meta, tables, cfg):
+  out, _ = _forward(q, k, v, q_meta, k_meta, tables[0], spec=cfg.spec, block_q=cfg.block_q,
+                    block_k=cfg.block_k, interpret=cfg.interpret)
+  return out
+
+
+def _attention_fwd(q, k, v, q_meta, k_meta, tables, cfg):
+  out, lse = _forward(q, k, v, q_meta, k_meta, tables[0], spec=cfg.spec, block_q=cfg.block_q,
+                      block_k=cfg.block_k, interpret=cfg.interpret)
+  return out, (q, k, v, q_meta, k_meta, tables, out, lse)
+
+
+def _attention_bwd(cfg, res, d_out):
+  q, k, v, q_meta, k_meta, tables, out, lse = res
+  from cardjax.attention.pallas_gpu_bwd import backward  # noqa: PLC0415  (imports this module)
+  dq, dk, dv = backward(cfg, q, k, v, q_meta, k_meta, tables, out, lse, d_out)
+  zeros = lambda tree: jax.tree.map(  # noqa: E731  integer inputs take float0 cotangents
+      lambda x: np.zeros(x.shape, jax.dtypes.float0), tree)
+  return dq, dk, dv, zeros(q_meta), zeros(k_meta), zeros(tables)
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def lower_for_gpu(fn, *args):
+  """Lower `fn(*args)` for CUDA on any machine: the Pallas calls inside go through the
+  Triton lowering (every primitive needs a Triton rule, every tile shape must be legal),
+  without compiling or running. Returns the lowered StableHLO text."""
+  return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()

@@ -1,0 +1,200 @@
+"""Which attention implementation runs a call: `model.attention_impl` resolved per call.
+
+  auto        TPU: splash where it can serve the call, else xla.
+              GPU: pallas_gpu for the block and two-stream kinds (dual_stream, bd3lm,
+              block_causal); cudnn for causal / bidirectional where cuDNN serves them
+              (bf16/fp16, head_dim a multiple of 8 up to 128), else pallas_gpu, else xla.
+              CPU (and anything else): xla.
+  xla         cardjax.attention.xla_attention (dense reference, structured two-stream path).
+  splash      cardjax/attention/splash.py, TPU only (or interpret mode).
+  pallas_gpu  cardjax/attention/pallas_gpu.py, GPU only (or interpret mode).
+  cudnn       jax.nn.dot_product_attention(implementation="cudnn"), GPU only; causal and
+              bidirectional; packed documents go in as a boolean [b, 1, T, T] mask.
+
+An explicitly chosen kernel that cannot serve a call is an error naming why and the fix
+(`--config.model.attention_impl=xla` or `auto`), never a silent switch to another path;
+only `auto` chooses, and it says what it chose. Each distinct choice (requested impl,
+chosen path, mask kind, platform) is logged once on the "cardjax.attention" logger.
+
+The platform is the active mesh's (jax.set_mesh), else jax's default backend: `cardjax
+plan` compiles for compile-only TPU devices from a CPU process, and its step must get the
+TPU path.
+
+Interpret mode (the Pallas kernels on CPU, slow, for tests and debugging): pass
+interpret=True to `attend`, or set the environment variable CARDJAX_ATTENTION_INTERPRET=1
+for a whole run (`cardjax train`, `cardjax generate`); read when attention is traced.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import jax
+import jax.numpy as jnp
+
+from cardjax.attention.masks import MaskSpec
+from cardjax.errors import CardjaxError
+
+log = logging.getLogger("cardjax.attention")
+
+IMPLEMENTATIONS = ("auto", "xla", "splash", "pallas_gpu", "cudnn")
+KERNEL_PLATFORM = {"splash": "tpu", "pallas_gpu": "gpu", "cudnn": "gpu"}
+INTERPRET_ENV = "CARDJAX_ATTENTION_INTERPRET"
+BLOCK_OR_TWO_STREAM = ("dual_stream", "bd3lm", "block_causal")
+CUDNN_KINDS = ("causal", "bidirectional")
+CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
+FIX = "set --config.model.attention_impl=xla (or auto)"
+
+_logged: set = set()
+
+
+class AttentionImplError(CardjaxError, ValueError):
+  """The configured attention implementation cannot run this call."""
+
+
+def interpret_requested(interpret: bool | None = None) -> bool:
+  """The call's interpret flag, else the CARDJAX_ATTENTION_INTERPRET environment variable."""
+  if interpret is not None:
+    return bool(interpret)
+  return os.environ.get(INTERPRET_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def current_platform() -> str:
+  """'tpu', 'gpu' or 'cpu': the active mesh's devices, else jax's default backend."""
+  mesh = jax.sharding.get_abstract_mesh()
+  platform = None
+  if not mesh.empty:
+    platform = getattr(getattr(mesh, "abstract_device", None), "platform", None)
+  platform = (platform or jax.default_backend()).lower()
+  return {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
+
+
+def _pallas_gpu():
+  try:
+    from cardjax.attention import pallas_gpu
+  except ImportError as e:
+    raise AttentionImplError(f"attention_impl=pallas_gpu: cardjax/attention/pallas_gpu.py "
+                             f"cannot be imported ({e}); {FIX}") from None
+  return pallas_gpu
+
+
+def _cudnn_reason(spec: MaskSpec, q_len: int, k_len: int, head_dim: int, dtype) -> str | None:
+  if spec.kind not in CUDNN_KINDS:
+    return f"cuDNN serves {CUDNN_KINDS} masks, not {spec.kind!r}"
+  if q_len != k_len:
+    return f"cuDNN here serves self-attention; got {q_len} queries over {k_len} keys"
+  if jnp.dtype(dtype) not in [jnp.dtype(d) for d in CUDNN_DTYPES]:
+    return f"cuDNN flash attention needs bfloat16 or float16, got {jnp.dtype(dtype).name}"
+  if head_dim % 8 or head_dim > 128:
+    return f"cuDNN flash attention needs head_dim a multiple of 8 up to 128, got {head_dim}"
+  return None
+
+
+def unsupported_reason(impl: str, spec: MaskSpec, q_len: int, k_len: int, head_dim: int,
+                       dtype, platform: str, interpret: bool) -> str | None:
+  """Why a concrete implementation cannot serve this call here (None when it can)."""
+  if impl == "xla":
+    return None
+  want = KERNEL_PLATFORM[impl]
+  if platform != want and not (interpret and impl != "cudnn"):
+    how = "" if impl == "cudnn" else (
+        f" (or interpret mode, slow: {INTERPRET_ENV}=1 or attend(..., interpret=True))")
+    return f"{impl} runs on {want.upper()}, this is {platform.upper()}{how}"
+  if impl == "splash":
+    from cardjax.attention import splash
+    return splash.unsupported_reason(spec, q_len, k_len, head_dim)
+  if impl == "pallas_gpu":
+    return _pallas_gpu().unsupported_reason(spec, q_len, k_len, head_dim)
+  return _cudnn_reason(spec, q_len, k_len, head_dim, dtype)
+
+
+def _auto(spec, q_len, k_len, head_dim, dtype, platform) -> str:
+  if platform == "tpu":
+    order = ("splash",)
+  elif platform == "gpu":
+    order = (("pallas_gpu",) if spec.kind in BLOCK_OR_TWO_STREAM
+             else ("cudnn", "pallas_gpu"))
+  else:
+    order = ()
+  for impl in order:
+    if unsupported_reason(impl, spec, q_len, k_len, head_dim, dtype, platform, False) is None:
+      return impl
+  return "xla"
+
+
+def choose(impl: str, spec: MaskSpec, q_shape, k_shape, dtype=jnp.float32, *,
+           platform: str | None = None, interpret: bool | None = None) -> str:
+  """The concrete implementation for a call (q [b, Tq, h, d], k [b, Tk, kvh, d]); raises
+  AttentionImplError when an explicit choice cannot serve it. Logs each distinct choice."""
+  if impl not in IMPLEMENTATIONS:
+    raise AttentionImplError(f"unknown attention implementation {impl!r}; expected one of "
+                             f"{IMPLEMENTATIONS}")
+  platform = platform or current_platform()
+  interpret = interpret_requested(interpret)
+  q_len, k_len, head_dim = q_shape[1], k_shape[1], q_shape[-1]
+  if impl == "auto":
+    chosen = _auto(spec, q_len, k_len, head_dim, dtype, platform)
+  else:
+    reason = unsupported_reason(impl, spec, q_len, k_len, head_dim, dtype, platform,
+                                interpret)
+    if reason:
+      raise AttentionImplError(f"attention_impl={impl} cannot serve {spec.kind} attention "
+                               f"of {q_len} queries x {k_len} keys, head_dim {head_dim}: "
+                               f"{reason}; {FIX}")
+    chosen = impl
+  key = (impl, chosen, spec.kind, platform, interpret and chosen in ("splash", "pallas_gpu"))
+  if key not in _logged:
+    _logged.add(key)
+    mode = " (interpret mode)" if key[-1] else ""
+    log.info("attention: %s runs %s masks on %s%s (attention_impl=%s)", chosen, spec.kind,
+             platform, mode, impl)
+  return chosen
+
+
+def cudnn_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, scale: float | None = None):
+  """jax.nn.dot_product_attention through cuDNN: causal/bidirectional by index, documents
+  as a boolean segment mask. Under the causal kind it shares splash's layout contract
+  (positions increase by 1 with the index inside a segment), checked when concrete."""
+  from cardjax.attention import splash
+
+  if not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((q_meta, k_meta))):
+    splash.check_layout(spec, q_meta, k_meta)
+  seg_q, seg_k = q_meta[2], k_meta[2]
+  mask = (seg_q[:, :, None] == seg_k[:, None, :])[:, None]  # [b, 1, Tq, Tk]
+  return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale,
+                                      is_causal=spec.kind == "causal",
+                                      implementation="cudnn")
+
+
+def run(chosen: str, q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret: bool | None = None,
+        structured: bool | None = None):
+  """Call the implementation `choose` returned."""
+  interpret = interpret_requested(interpret)
+  if chosen == "xla":
+    from cardjax.attention import xla_attention
+    extra = {} if structured is None else {"structured": structured}
+    return xla_attention(q, k, v, spec, q_meta, k_meta, **extra)
+  if chosen == "splash":
+    from cardjax.attention.splash import splash_attention
+    return splash_attention(q, k, v, spec, q_meta, k_meta, interpret=interpret)
+  if chosen == "pallas_gpu":
+    return _pallas_gpu().pallas_gpu_attention(q, k, v, spec, q_meta, k_meta,
+                                              interpret=True if interpret else None)
+  return cudnn_attention(q, k, v, spec, q_meta, k_meta)
+
+
+def cached_path(impl: str) -> str:
+  """What the KV-cache forward (decoding: prefill and steps) runs for `impl`: always
+  xla's cache_attention. Its keys sit in the cache's [b, kv_heads, slots, d] layout with
+  a few queries over many slots, a memory-bound read the kernels' [b, T, h, d]
+  self-attention does not serve; logged once per impl so no run is surprised."""
+  if impl not in IMPLEMENTATIONS:
+    raise AttentionImplError(f"unknown attention implementation {impl!r}; expected one of "
+                             f"{IMPLEMENTATIONS}")
+  key = ("cached", impl)
+  if key not in _logged and impl != "xla":
+    _logged.add(key)
+    log.info("attention: cached decoding forwards run xla cache_attention "
+             "(attention_impl=%s serves training and un-cached forwards)", impl)
+  return "xla"
