@@ -31,7 +31,7 @@ from pathlib import Path
 from cardjax import machine
 from cardjax.config import load_config
 from cardjax.data.prepare import prepare
-from cardjax.decoding import suite
+from cardjax.eval import suite
 from cardjax.train import train
 
 MODELS = ("sft", "mars", "ar", "card", "card_half", "mdlm")

@@ -30,14 +30,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cardjax import checkpoint, machine  # noqa: E402
-from cardjax.decoding import evaluate, suite  # noqa: E402
+from cardjax.eval import inputs, measure, suite  # noqa: E402
 from cardjax.decoding.methods import Options, make_decoder  # noqa: E402
 
 
 def timed_pass(decode, chunks) -> tuple[float, int, int]:
   """(seconds, tokens, row-forwards) of one pass over the chunks."""
   start = time.perf_counter()
-  rows, _, row_forwards = evaluate.one_pass(decode, chunks)
+  rows, _, row_forwards = measure.one_pass(decode, chunks)
   return time.perf_counter() - start, sum(len(r) for r in rows), row_forwards
 
 
@@ -89,7 +89,7 @@ def main() -> None:
   run = suite.load_run(args.run)
   config, tok, frozen = run.config, run.tokenizer, run.frozen
   step = checkpoint.latest_step(Path(args.run) / "checkpoints")
-  prompts, _ = evaluate.arith_problems(config, tok, args.n)
+  prompts, _ = inputs.arith_problems(config, tok, args.n)
   opt = Options(max_new_tokens=args.max_new_tokens, stop_ids=tok.stop_ids, pad_id=tok.pad_id,
                 block=int(config.objective.block_size))
   methods = {"ar": make_decoder("ar", frozen, "mars", opt)}
@@ -102,7 +102,7 @@ def main() -> None:
   info = machine.describe()
   print(f"== {machine.line(info)}\n== {args.run} step {step}, {len(prompts)} problems, "
         f"batch {args.batch}, {args.pairs} rounds", flush=True)
-  chunks = {name: evaluate.warm_up(d, prompts, args.batch) for name, d in methods.items()}
+  chunks = {name: measure.warm_up(d, prompts, args.batch) for name, d in methods.items()}
   widths = [int(t) for t in args.forward_tokens.split(",") if t]
   if widths:
     from decode_forward import forward_ms  # benchmarks/ is this script's folder

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cardjax import checkpoint, machine  # noqa: E402
 from cardjax.config import load_config  # noqa: E402
-from cardjax.decoding import evaluate  # noqa: E402
+from cardjax.eval import inputs, measure  # noqa: E402
 from cardjax.decoding.frozen import Frozen  # noqa: E402
 from cardjax.decoding.methods import Options, make_decoder  # noqa: E402
 from cardjax.decoding import prompts as prompts_module  # noqa: E402
@@ -102,7 +102,7 @@ def forward_cost(frozen: Frozen, batches, tokens=(1, 4, 8, 16), slots: int = 256
   return out
 
 
-def summary(t: evaluate.Run) -> dict:
+def summary(t: measure.Run) -> dict:
   low, high = t.tokens_per_second_range
   return {"tokens": t.tokens, "row_forwards": t.row_forwards,
           "tokens_per_forward": t.tokens_per_forward, "tokens_per_s": t.tokens_per_second,
@@ -198,7 +198,7 @@ def main() -> None:
   base, _ = load(root / "base")
   tok = checkpoint.load_tokenizer(root / "base", base.cfg)
   config = load_config("configs/smollm2_135m.py:sft")
-  prompts, answers = evaluate.arith_problems(config, tok, args.n)
+  prompts, answers = inputs.arith_problems(config, tok, args.n)
   timing = prompts[:args.time_n]
   opt = Options(max_new_tokens=args.max_new_tokens, stop_ids=tok.stop_ids, pad_id=tok.pad_id)
 
@@ -216,9 +216,9 @@ def main() -> None:
 
   def judge(model, method, decode, **extra):
     """Exact match and tokens per forward on all n problems (one pass, largest batch)."""
-    t = evaluate.timed(decode, prompts, max(batches))
+    t = measure.timed(decode, prompts, max(batches))
     row = {"model": model, "method": method, "batch": t.batch, **summary(t), **extra,
-           "exact_match": evaluate.exact_match(t.rows, answers, tok)}
+           "exact_match": measure.exact_match(t.rows, answers, tok)}
     quality.append(row)
     print(f"quality: {model} {method} {extra}: EM {100 * row['exact_match']:.1f}% on "
           f"{len(prompts)}, {row['tokens_per_forward']:.2f} tokens/forward at batch {t.batch}",
@@ -226,7 +226,7 @@ def main() -> None:
     save()
     return t
 
-  def add(model, method, timed: evaluate.Run, base_run: evaluate.Run | None, **extra):
+  def add(model, method, timed: measure.Run, base_run: measure.Run | None, **extra):
     row = {"model": model, "method": method, "batch": timed.batch, **summary(timed), **extra}
     row["speedup"] = (row["tokens_per_s"] / base_run.tokens_per_second
                       if base_run is not None else 1.0)
@@ -241,9 +241,9 @@ def main() -> None:
   if "hf" not in skip and gguf.is_file():
     hf = HFDecode(gguf, args.max_new_tokens, tok.stop_ids, tok.pad_id)
     for b in batches:
-      ours = add("zero-shot", "ar", evaluate.timed(make_decoder("ar", base, None, opt), timing,
+      ours = add("zero-shot", "ar", measure.timed(make_decoder("ar", base, None, opt), timing,
                                                    b, args.repeats), None)
-      theirs = evaluate.timed(hf, timing, b, args.repeats)
+      theirs = measure.timed(hf, timing, b, args.repeats)
       same = float(np.mean([x == y for x, y in zip(theirs.rows, ours.rows)]))
       add("zero-shot", "transformers generate", theirs, ours, rows_equal_cardjax=same)
     del hf
@@ -276,7 +276,7 @@ def main() -> None:
   for b in batches:
     base_run = None
     for i, (name, method, *_, extra) in enumerate(decoders):
-      t = evaluate.timed(made[i], timing, b, args.repeats)
+      t = measure.timed(made[i], timing, b, args.repeats)
       if (name, method) == ("mars", "ar"):
         base_run = t
       add(name, method, t, base_run if name == "mars" and method != "ar" else None, **extra)

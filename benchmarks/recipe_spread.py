@@ -25,7 +25,7 @@ from cardjax import checkpoint, machine
 from cardjax.config import load_config
 from cardjax.data import arith
 from cardjax.data.prepare import prepare
-from cardjax.decoding import evaluate
+from cardjax.eval import inputs, measure
 from cardjax.decoding.methods import Options, make_decoder
 from cardjax.train import train
 
@@ -42,10 +42,10 @@ def grade_at(run: Path, step: int, prompts, answers, batch: int,
   model, _ = checkpoint.restore_model(run / "checkpoints", step=step)
   tok = checkpoint.load_tokenizer(run / "checkpoints", model.cfg)
   opt = Options(max_new_tokens=max_new_tokens, stop_ids=tok.stop_ids, pad_id=tok.pad_id)
-  got = evaluate.timed(make_decoder("ar", model, None, opt), prompts, batch)
+  got = measure.timed(make_decoder("ar", model, None, opt), prompts, batch)
   steps = [arith.step_accuracy(tok.decode(r, skip_special=True)) for r in got.rows]
   right, written = sum(s[0] for s in steps), sum(s[1] for s in steps)
-  return evaluate.exact_match(got.rows, answers, tok), right / max(written, 1)
+  return measure.exact_match(got.rows, answers, tok), right / max(written, 1)
 
 
 def main() -> None:
@@ -91,7 +91,7 @@ def main() -> None:
     if prompts is None:
       tok = checkpoint.load_tokenizer(runs[seed] / "checkpoints",
                                       checkpoint.read_model_config(runs[seed] / "checkpoints"))
-      prompts, answers = evaluate.arith_problems(config, tok, args.n)
+      prompts, answers = inputs.arith_problems(config, tok, args.n)
     for step in checkpoint_steps(runs[seed]):  # graded now: a cut-short study keeps them
       table.setdefault(step, {})[seed] = grade_at(
           runs[seed], step, prompts, answers, args.batch, args.max_new_tokens)

@@ -4,12 +4,14 @@
   cardjax init       --config configs/tiny.py --workdir DIR          random-init checkpoint
   cardjax train      --config configs/tiny_ar.py --workdir DIR       train or resume
   cardjax generate   --checkpoint RUN --prompt TEXT [--method mars --tau 0.9]
+  cardjax eval       --checkpoint RUN --task nll|arith|jsonl [--compare RUN2] [--out R.json]
   cardjax import-hf  HF_DIR CKPT_DIR [--dtype D] [--scan-layers]     HF folder -> orbax
   cardjax export-hf  CKPT_DIR HF_DIR [--step N] [--dtype D]          orbax -> HF folder
   cardjax import-gguf FILE CKPT_DIR [--mask-token T]                 llama.cpp GGUF -> orbax
   cardjax data build NAME [--data_dir D] [--OPTION VALUE ...]       dataset + tokenizer
   cardjax data show  NAME [--data_dir D] [--n 3] [--split S]         decoded rows
   cardjax demo       [--workdir runs/demo]                           the end-to-end demo
+  cardjax serve      --checkpoint RUN [--method mars] [--port 8000]   OpenAI-compatible server
 
 Errors the user can fix print one line (`cardjax: error: ...`) and exit with status 2.
 """
@@ -207,11 +209,27 @@ def cmd_plan(args, overrides) -> int:
 
 
 def cmd_generate(args, overrides) -> None:
-  from cardjax.decoding.cli import run_generate
+  from cardjax.generate import run_generate
 
   if overrides:
     raise CardjaxError(f"generate takes no --config overrides, got {overrides}")
   run_generate(args)
+
+
+def cmd_eval(args, overrides) -> int:
+  from cardjax.eval.cli import run_eval
+
+  if overrides:
+    raise CardjaxError(f"eval takes no --config overrides, got {overrides}")
+  return run_eval(args)
+
+
+def cmd_serve(args, overrides) -> None:
+  from cardjax.serve.cli import run_serve
+
+  if overrides:
+    raise CardjaxError(f"serve takes no --config overrides, got {overrides}")
+  run_serve(args)
 
 
 def cmd_demo(args, overrides) -> None:
@@ -236,32 +254,9 @@ def _options(rest: list[str]) -> tuple[dict, list[str]]:
   return options, unknown
 
 
-def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(prog="cardjax", description=__doc__, allow_abbrev=False,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-  sub = parser.add_subparsers(dest="command", required=True)
-
-  p = sub.add_parser("config", help="print the resolved, validated config")
-  _config_arg(p)
-  p.set_defaults(fn=cmd_config)
-
-  p = sub.add_parser("init", help="write a random-init orbax checkpoint for a config")
-  _config_arg(p)
-  p.add_argument("--workdir", required=True, help="run folder; checkpoints go to WORKDIR/checkpoints")
-  p.set_defaults(fn=cmd_init)
-
-  p = sub.add_parser("train", help="train (or resume) a model with a config")
-  _config_arg(p)
-  p.add_argument("--workdir", required=True, help="run folder: checkpoints, metrics.jsonl, "
-                                                  "tensorboard/; an existing run resumes")
-  p.set_defaults(fn=cmd_train)
-
-  p = sub.add_parser("generate", help="decode prompts from a checkpoint")
-  p.add_argument("--checkpoint", required=True, help="a run folder or its checkpoints/")
-  group = p.add_mutually_exclusive_group(required=True)
-  group.add_argument("--prompt", help="one prompt")
-  group.add_argument("--prompts", help="a file with one prompt per line")
+def decoding_args(p: argparse.ArgumentParser) -> None:
+  """The decoding flags of `generate` and `eval` (one spelling; decoding/cli.py:
+  options_from_args turns them into Options)."""
   p.add_argument("--method", default="ar", help="ar | mars | card | dus | eb | cb")
   p.add_argument("--objective", default="",
                  help="the checkpoint's training objective when it has no run config "
@@ -291,15 +286,50 @@ def build_parser() -> argparse.ArgumentParser:
                  help="dus: re-mask new tokens below this probability (0: off)")
   p.add_argument("--spacing", action="store_true", help="eb / cb: dilation spacing filter")
   p.add_argument("--base", type=int, default=2, help="dus: dilation base")
-  p.add_argument("--batch", type=int, default=1, help="prompts decoded together")
   p.add_argument("--max-new-tokens", type=int, default=64)
   p.add_argument("--temperature", type=float, default=0.0,
                  help="ar, mars (not --verify): sampling temperature, 0 = greedy")
   p.add_argument("--top-p", type=float, default=1.0, help="ar, mars: nucleus size")
   p.add_argument("--seed", type=int, default=0, help="ar, mars: sampling seed")
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(prog="cardjax", description=__doc__, allow_abbrev=False,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+  sub = parser.add_subparsers(dest="command", required=True)
+
+  p = sub.add_parser("config", help="print the resolved, validated config")
+  _config_arg(p)
+  p.set_defaults(fn=cmd_config)
+
+  p = sub.add_parser("init", help="write a random-init orbax checkpoint for a config")
+  _config_arg(p)
+  p.add_argument("--workdir", required=True, help="run folder; checkpoints go to WORKDIR/checkpoints")
+  p.set_defaults(fn=cmd_init)
+
+  p = sub.add_parser("train", help="train (or resume) a model with a config")
+  _config_arg(p)
+  p.add_argument("--workdir", required=True, help="run folder: checkpoints, metrics.jsonl, "
+                                                  "tensorboard/; an existing run resumes")
+  p.set_defaults(fn=cmd_train)
+
+  p = sub.add_parser("generate", help="decode prompts from a checkpoint")
+  p.add_argument("--checkpoint", required=True, help="a run folder or its checkpoints/")
+  group = p.add_mutually_exclusive_group(required=True)
+  group.add_argument("--prompt", help="one prompt")
+  group.add_argument("--prompts", help="a file with one prompt per line")
+  decoding_args(p)
+  p.add_argument("--batch", type=int, default=1, help="prompts decoded together")
   p.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
   p.add_argument("--tokenizer", default="", help="HF tokenizer folder (default: the run's)")
   p.set_defaults(fn=cmd_generate)
+
+  p = sub.add_parser("eval", help="score checkpoints: nll | arith | jsonl (docs/evaluation.md)")
+  from cardjax.eval.cli import add_arguments as eval_arguments
+  eval_arguments(p)
+  decoding_args(p)
+  p.set_defaults(fn=cmd_eval)
 
   p = sub.add_parser("import-hf", help="Hugging Face folder -> orbax checkpoint")
   p.add_argument("hf_dir", help="local HF model folder (config.json + safetensors)")
@@ -366,6 +396,11 @@ def build_parser() -> argparse.ArgumentParser:
                  help="do not try larger grad_accum when the step does not fit")
   p.add_argument("--json", default="", help="also write the plans to this JSON file")
   p.set_defaults(fn=cmd_plan)
+
+  p = sub.add_parser("serve", help="serve a checkpoint over an OpenAI-compatible HTTP API")
+  from cardjax.serve.cli import add_arguments as serve_arguments
+  serve_arguments(p)
+  p.set_defaults(fn=cmd_serve)
 
   p = sub.add_parser("demo", help="the main job in miniature, on CPU")
   p.add_argument("--workdir", default="runs/demo", help="where every artefact is written")

@@ -6,7 +6,7 @@ python_stdlib and an AR SFT then MARS model on arith_sft with the repo's tiny co
 an orbax checkpoint (with the data iterator's state), export it as a Hugging Face folder,
 and load that back into cardjax and (when installed) into transformers, comparing logits.
 Last, decode with every method (AR with a KV cache, MARS over tau, self-verified MARS,
-CARD blocks, DUS, EB, CB) and print speed against AR and quality (cardjax.decoding.suite).
+CARD blocks, DUS, EB, CB) and print speed against AR and quality (cardjax.eval.suite).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def _train_models(workdir: Path, base) -> dict:
 
 def _decode(workdir: Path) -> list[dict]:
   """The decode benchmark in miniature on the demo's runs (benchmarks/decode.py in full)."""
-  from cardjax.decoding import suite
+  from cardjax.eval import suite
 
   runs = {name: suite.load_run(workdir / "runs" / name) for name, _, _ in RUNS}
   print("   " + suite.HEADER.replace("\n", "\n   "), flush=True)

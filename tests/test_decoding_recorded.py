@@ -50,3 +50,12 @@ def test_a_missing_row_fails():
   new = results()
   new["rows"] = new["rows"][:1]
   assert failed(recorded.compare(results(), copy.deepcopy(new))) == {("mars", "missing")}
+
+
+def test_a_paired_speedup_is_judged_by_its_per_round_range():
+  """A row timed in rounds with AR carries speedup_range (the rounds' ratios), which the
+  check uses instead of the ratio of the two rows' timing ranges."""
+  rec = results(speedup=1.2)
+  rec["rows"][1]["speedup_range"] = [1.1, 1.3]
+  assert failed(recorded.compare(rec, results(speedup=1.4))) == set()  # 1.3 x 1.1 = 1.43
+  assert failed(recorded.compare(rec, results(speedup=0.95))) == {("mars", "speedup")}

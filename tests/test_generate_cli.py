@@ -1,14 +1,11 @@
 """`cardjax generate` from an imported checkpoint with its tokenizer, and from a MARS run's
 checkpoint (its block size is the default --block)."""
 
-import orbax.checkpoint as ocp
-from flax import nnx
-
-from cardjax import checkpoint, hf
+from cardjax import hf
 from cardjax.cli import main
-from cardjax.config import base_config
 from cardjax.data.tokenizer import train_bpe
 from cardjax.model import ModelConfig, create_model
+from serve_helpers import save_mars_run
 
 
 def _import_checkpoint(tmp_path):
@@ -71,18 +68,7 @@ def _mars_run_checkpoint(tmp_path, block_size: int):
   model = create_model(ModelConfig(vocab_size=320, hidden_size=32, intermediate_size=64,
                                    num_layers=1, mask_token_id=tok.mask_id, eos_token_id=0),
                        seed=0)
-  config = base_config()
-  config.objective.name = "mars"
-  config.objective.block_size = block_size
-  ckpt = tmp_path / "run" / "checkpoints"
-  with checkpoint.manager(ckpt) as mngr:
-    mngr.save(0, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(nnx.to_pure_dict(nnx.state(model, nnx.Param))),
-        model_config=ocp.args.JsonSave(model.cfg.to_dict()),
-        config=ocp.args.JsonSave(config.to_dict())))
-    mngr.wait_until_finished()
-  checkpoint.copy_assets(ckpt, tmp_path / "tok")
-  return tmp_path / "run"
+  return save_mars_run(model, block_size, tmp_path / "run", tmp_path / "tok")
 
 
 def test_mars_block_defaults_to_the_runs_block_size(tmp_path, capsys):

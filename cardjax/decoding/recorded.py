@@ -6,8 +6,10 @@ timing repeats. A new run reproduces a row when
   `quality_slack` (a mean of 3 seeds varies less than one seed does, but 3 draws do not pin
   a range's edges);
 - its tokens per forward lies within `tpf_slack` (relative) of the recorded figure;
-- its speedup over AR lies inside the recorded speedup range (the row's slowest repeat over
-  AR's fastest, to its fastest over AR's slowest), widened by `speed_slack` (relative), and
+- its speedup over AR lies inside the recorded speedup range (the range of the per-round
+  ratios when the row was timed in rounds with AR, `speedup_range`; else the row's slowest
+  repeat over AR's fastest, to its fastest over AR's slowest), widened by `speed_slack`
+  (relative), and
   only on a processor of the recorded model: a wall-clock ratio is the processor's as much as
   the method's (see docs/decoding.md), so on another one it is reported, not judged.
 Rows are matched on (task, model, method, setting, batch).
@@ -34,6 +36,8 @@ def _key(row: dict) -> tuple:
 
 
 def _speed_range(row: dict, base: dict) -> tuple[float, float]:
+  if "speedup_range" in row:  # paired with AR round by round (eval.measure.timed_against)
+    return tuple(row["speedup_range"])
   low, high = row.get("tokens_per_second_range", [row["tokens_per_second"]] * 2)
   b_low, b_high = base.get("tokens_per_second_range", [base["tokens_per_second"]] * 2)
   return low / b_high, high / b_low

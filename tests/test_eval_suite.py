@@ -3,7 +3,7 @@ first seed's timed rows."""
 
 import pytest
 
-from cardjax.decoding import suite
+from cardjax.eval import suite
 
 
 def row(batch, em, setting="kv cache", method="ar", tps=100.0, **extra):

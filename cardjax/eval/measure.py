@@ -1,11 +1,13 @@
 """Measure decoders side by side: speed (tokens per forward, tokens/s) and quality.
 
-Used by benchmarks/decode.py and the demo's decode stage, so both report the same numbers:
+Used by benchmarks/decode.py, the demo's decode stage and `cardjax eval`, so all report
+the same numbers:
 - arithmetic: exact match of "The answer is N." on the arith_sft test split;
 - code: the NLL of the generated continuation under an AR model (the judge), since there is
   no reference answer for free-running code.
-Timing excludes compilation: every distinct batch shape is decoded once before the clock
-starts (prompts are left-padded to multiples of 16, so a few shapes cover a prompt set).
+The prompt sets come from eval/inputs.py. Timing excludes compilation: every distinct
+batch shape is decoded once before the clock starts (prompts are left-padded to multiples
+of 16, so a few shapes cover a prompt set).
 """
 
 from __future__ import annotations
@@ -20,8 +22,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from cardjax.data import arith, builders
-from cardjax.data.prepare import builder_options, data_dir
+from cardjax.data import arith
 from cardjax.decoding.prompts import padded_width
 
 
@@ -60,35 +61,8 @@ class Run:
             self.tokens / max(min(self.repeat_seconds), 1e-9))
 
 
-def arith_problems(config, tokenizer, n: int) -> tuple[list[list[int]], list[str]]:
-  """(prompt ids rendered with the chat template, answers) for the first n test problems."""
-  source = builders.load_source(config.data.dataset, "test", data_dir(config),
-                                **builder_options(config))
-  prompts, answers = [], []
-  for i in range(min(n, len(source))):
-    example = builders.decode(source[i])
-    user = [m for m in example["messages"] if m["role"] != "assistant"]
-    prompts.append(tokenizer.encode(tokenizer.render_chat(user, add_generation_prompt=True)))
-    answers.append(example["answer"])
-  return prompts, answers
-
-
-def code_prompts(config, tokenizer, n: int, length: int) -> list[list[int]]:
-  """n prompts of `length` tokens from the held-out documents (data.eval_split): windows
-  at offsets 0, 3 * length, 6 * length, ... of each document, so a continuation of
-  2 * length tokens exists in the source, taken document by document."""
-  source = builders.load_source(config.data.dataset, config.data.eval_split, data_dir(config),
-                                **builder_options(config))
-  docs = [tokenizer.encode(builders.decode(source[i])["text"]) for i in range(len(source))]
-  prompts = []
-  for offset in range(0, max(len(d) for d in docs), 3 * length):
-    for ids in docs:
-      if len(ids) >= offset + 3 * length and len(prompts) < n:
-        prompts.append(ids[offset:offset + length])
-  return prompts
-
-
 def exact_match(rows: Sequence[Sequence[int]], answers: Sequence[str], tokenizer) -> float:
+  """The share of rows whose decoded text ends in the right "The answer is N." (arith)."""
   graded = [arith.grade(tokenizer.decode(r, skip_special=True), a) for r, a in zip(rows, answers)]
   return float(np.mean(graded))
 
@@ -106,14 +80,18 @@ def warm_up(decode: Callable, prompts: Sequence[Sequence[int]], batch: int) -> l
   return chunks
 
 
-def one_pass(decode: Callable, chunks: Sequence[list]) -> tuple[list[list[int]], int, int]:
-  """(rows, batched forwards, row-forwards) of decoding every chunk once (warm_up's chunks)."""
+def one_pass(decode: Callable, chunks: Sequence[list],
+             progress=None) -> tuple[list[list[int]], int, int]:
+  """(rows, batched forwards, row-forwards) of decoding every chunk once (warm_up's chunks);
+  `progress` (a tqdm bar, counted in prompts) is advanced after each chunk."""
   rows, forwards, row_forwards = [], 0, 0
   for chunk in chunks:
     out = decode(chunk)
     rows += out.rows()
     forwards += out.forwards
     row_forwards += out.forwards * len(chunk)
+    if progress is not None:
+      progress.update(len(chunk))
   return rows, forwards, row_forwards
 
 
@@ -128,17 +106,45 @@ def timed(decode: Callable, prompts: Sequence[Sequence[int]], batch: int,
   chunks = warm_up(decode, prompts, batch)
   first, seconds = None, []
   for _ in range(repeats):
-    passes, start = 0, time.perf_counter()
-    while passes == 0 or time.perf_counter() - start < min_seconds:
-      rows, forwards, row_forwards = one_pass(decode, chunks)
-      if first is None:
-        first = (rows, forwards, row_forwards)
-      elif rows != first[0]:
-        raise RuntimeError("a repeat decoded different tokens: the decoder is not "
-                           "deterministic")
-      passes += 1
-    seconds.append((time.perf_counter() - start) / passes)
+    passed, first = _passes(decode, chunks, min_seconds, first)
+    seconds.append(passed)
   return Run(first[0], first[1], seconds, batch, first[2])
+
+
+def timed_against(decode: Callable, base: Callable, prompts: Sequence[Sequence[int]],
+                  batch: int, repeats: int = 1, min_seconds: float = 0.0
+                  ) -> tuple[Run, list[float]]:
+  """`timed` for decode, with `base` (the AR reference) timed in the same rounds: each
+  round times base over the prompt set, then decode. Returns decode's Run and each round's
+  speedup, (decode's tokens/s) / (base's tokens/s). A shared VM's speed drifts by tens of
+  percent over minutes, so the ratio of two timings taken minutes apart (two rows of a
+  table) moves with it, while a ratio inside one round, seconds apart, moves much less."""
+  chunks, base_chunks = warm_up(decode, prompts, batch), warm_up(base, prompts, batch)
+  first, base_first, seconds, speedups = None, None, [], []
+  for _ in range(repeats):
+    base_seconds, base_first = _passes(base, base_chunks, min_seconds, base_first)
+    passed, first = _passes(decode, chunks, min_seconds, first)
+    seconds.append(passed)
+    tokens, base_tokens = (sum(len(r) for r in got[0]) for got in (first, base_first))
+    speedups.append((tokens / passed) / (base_tokens / base_seconds))
+  return Run(first[0], first[1], seconds, batch, first[2]), speedups
+
+
+def _passes(decode: Callable, chunks, min_seconds: float, first):
+  """(seconds per pass, first) of decoding the chunks until min_seconds have passed (at
+  least once); `first` is the first pass's (rows, forwards, row_forwards), set on the
+  first call, and every later pass must decode the same tokens: a decoder that does not
+  is a bug, not noise."""
+  passes, start = 0, time.perf_counter()
+  while passes == 0 or time.perf_counter() - start < min_seconds:
+    got = one_pass(decode, chunks)
+    if first is None:
+      first = got
+    elif got[0] != first[0]:
+      raise RuntimeError("a repeat decoded different tokens: the decoder is not "
+                         "deterministic")
+    passes += 1
+  return (time.perf_counter() - start) / passes, first
 
 
 def judge_nll(model, prompts, rows, batch: int = 16) -> float:

@@ -9,67 +9,64 @@ Two task families, as in the papers:
   with the confidence planner over a tau sweep, DUS, EB and CB, and MDLM with DUS against
   the confidence planner at the same number of forwards (topk).
 Speedup is tokens/s over AR with a KV cache at the same batch size, measured in this run.
-benchmarks/decode.py and the demo's decode stage both call `arith_rows` / `code_rows`.
+benchmarks/decode.py and the demo's decode stage both call `arith_rows` / `code_rows`;
+`cardjax eval` measures one method the same way (eval/measure.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-from pathlib import Path
+import statistics
 from typing import Sequence
 
-from cardjax.decoding import evaluate
-from cardjax.decoding.frozen import Frozen
 from cardjax.decoding.methods import Options, make_decoder
+from cardjax.eval import inputs as prompt_sets
+from cardjax.eval import measure
+from cardjax.restore import LoadedRun, load_run
+
+__all__ = ["HEADER", "LoadedRun", "arith_inputs", "arith_rows", "code_inputs", "code_rows",
+           "format_row", "load_run", "merge_seeds", "table"]
 
 
-@dataclasses.dataclass
-class LoadedRun:
-  model: object
-  config: object  # the run's full config
-  tokenizer: object
-  objective: str | None
-
-  @functools.cached_property
-  def frozen(self) -> Frozen:
-    """The model split once: every decoder of the comparison shares its compiled loops."""
-    return Frozen(self.model)
-
-
-def load_run(run_dir: str | Path) -> LoadedRun:
-  """The latest checkpoint of a training run with its config, tokenizer and objective."""
-  from cardjax import checkpoint
-  from cardjax.config import merge_into_base
-
-  root = Path(run_dir)
-  root = root / "checkpoints" if (root / "checkpoints").is_dir() else root
-  model, _ = checkpoint.restore_model(root)
-  config = merge_into_base(checkpoint.read_run_config(root))
-  return LoadedRun(model, config, checkpoint.load_tokenizer(root, model.cfg),
-                   config.objective.name)
-
-
-def _row(task, model, method, setting, run: evaluate.Run, base: evaluate.Run | None, **quality):
+def _row(task, model, method, setting, timed, base: measure.Run | None, **quality):
+  """timed: a Run, or (Run, per-round speedups) from measure.timed_against; the speedup is
+  then the median of the rounds' paired ratios, with their range."""
+  run, speedups = timed if isinstance(timed, tuple) else (timed, None)
   row = {"task": task, "model": model, "method": method, "setting": setting,
          "batch": run.batch, "tokens": run.tokens, "forwards": run.forwards,
          "tokens_per_forward": run.tokens_per_forward,
          "tokens_per_second": run.tokens_per_second,
          "tokens_per_second_range": list(run.tokens_per_second_range),
          "speedup": run.tokens_per_second / base.tokens_per_second if base else 1.0}
+  if speedups:
+    row["speedup"] = statistics.median(speedups)
+    row["speedup_range"] = [min(speedups), max(speedups)]
   row.update(quality)
   return row
 
 
+def _timed(decode, prompts, batch: int, base_decode, repeats: int, min_seconds: float):
+  """A timed run's rows are paired with the AR reference (measure.timed_against), round by
+  round; an untimed one (one pass, no minimum: the demo, other seeds' quality) is not, so
+  it decodes once."""
+  if base_decode is None or (repeats <= 1 and min_seconds <= 0):
+    return measure.timed(decode, prompts, batch, repeats, min_seconds)
+  return measure.timed_against(decode, base_decode, prompts, batch, repeats, min_seconds)
+
+
+def _run(timing) -> measure.Run:
+  return timing[0] if isinstance(timing, tuple) else timing
+
+
 def arith_inputs(sft: LoadedRun, n: int) -> dict:
   """The first n arith test problems: chat-rendered prompt ids and their answers."""
-  prompts, answers = evaluate.arith_problems(sft.config, sft.tokenizer, n)
+  prompts, answers = prompt_sets.arith_problems(sft.config, sft.tokenizer, n)
   return {"prompts": prompts, "answers": answers}
 
 
 def code_inputs(ar: LoadedRun, n: int, prompt_len: int) -> dict:
   """n code prompts of prompt_len ids from the held-out documents."""
-  return {"prompts": evaluate.code_prompts(ar.config, ar.tokenizer, n, prompt_len)}
+  return {"prompts": prompt_sets.code_prompts(ar.config, ar.tokenizer, n, prompt_len)}
 
 
 def arith_rows(sft: LoadedRun, mars: LoadedRun, inputs: dict, batches: Sequence[int],
@@ -83,20 +80,21 @@ def arith_rows(sft: LoadedRun, mars: LoadedRun, inputs: dict, batches: Sequence[
                      block=block)
   rows = []
 
-  def timed(decode, prompts_, batch_):
-    return evaluate.timed(decode, prompts_, batch_, repeats, min_seconds)
+  def timed(decode, batch_, base_decode=None):
+    return _timed(decode, prompts, batch_, base_decode, repeats, min_seconds)
 
-  def add(run_, model_name, method, setting, base):
-    em = evaluate.exact_match(run_.rows, answers, tok)
-    rows.append(_row("arith", model_name, method, setting, run_, base, exact_match=em))
+  def add(timing, model_name, method, setting, base):
+    run_ = _run(timing)
+    em = measure.exact_match(run_.rows, answers, tok)
+    rows.append(_row("arith", model_name, method, setting, timing, base, exact_match=em))
     log(format_row(rows[-1]))
     return run_
 
   for batch in batches:
-    ar = add(timed(make_decoder("ar", sft.frozen, sft.objective, base_opt), prompts,
-                            batch), "sft", "ar", "kv cache", None)
-    mars_ar = add(timed(make_decoder("ar", mars.frozen, mars.objective, base_opt),
-                                 prompts, batch), "mars", "ar", "kv cache", ar)
+    ar_decode = make_decoder("ar", sft.frozen, sft.objective, base_opt)
+    ar = add(timed(ar_decode, batch), "sft", "ar", "kv cache", None)
+    mars_ar = add(timed(make_decoder("ar", mars.frozen, mars.objective, base_opt), batch,
+                        ar_decode), "mars", "ar", "kv cache", ar)
     for tau in taus:
       opt = dataclasses.replace(base_opt, tau=tau)
       # The pending-sized window (the default) and the 2B-wide one: the same tokens.
@@ -106,13 +104,13 @@ def arith_rows(sft: LoadedRun, mars: LoadedRun, inputs: dict, batches: Sequence[
         settings.append((dataclasses.replace(opt, cache_block=cache_block),
                          f"tau={tau} cache{cache_block}"))
       for opt_, setting in settings:
-        got = add(timed(make_decoder("mars", mars.frozen, mars.objective, opt_),
-                                 prompts, batch), "mars", "mars", setting, ar)
+        got = add(timed(make_decoder("mars", mars.frozen, mars.objective, opt_), batch,
+                        ar_decode), "mars", "mars", setting, ar)
         if tau == 1.0:  # the invariant: MARS at tau = 1 is AR greedy
           rows[-1]["equals_ar"] = got.rows == mars_ar.rows
     verified = add(timed(make_decoder(
         "mars", mars.frozen, mars.objective, dataclasses.replace(base_opt, verify=True)),
-        prompts, batch), "mars", "mars --verify", f"B={block}", ar)
+        batch, ar_decode), "mars", "mars --verify", f"B={block}", ar)
     rows[-1]["equals_ar"] = verified.rows == mars_ar.rows
   return rows
 
@@ -128,18 +126,21 @@ def code_rows(ar: LoadedRun, cards: dict, mdlm: LoadedRun | None, inputs: dict,
   base_opt = Options(max_new_tokens=max_new_tokens, pad_id=tok.pad_id, block=block)
   rows = []
 
-  def add(run_, model_name, method, setting, base):
-    nll = evaluate.judge_nll(ar.model, prompts, run_.rows)
-    rows.append(_row("code", model_name, method, setting, run_, base, judge_nll=nll))
+  def add(timing, model_name, method, setting, base):
+    run_ = _run(timing)
+    nll = measure.judge_nll(ar.model, prompts, run_.rows)
+    rows.append(_row("code", model_name, method, setting, timing, base, judge_nll=nll))
     log(format_row(rows[-1]))
     return run_
 
   def go(run: LoadedRun, method, opt, batch):
-    return evaluate.timed(make_decoder(method, run.frozen, run.objective, opt), prompts, batch,
-                          repeats, min_seconds)
+    return _timed(make_decoder(method, run.frozen, run.objective, opt), prompts, batch,
+                  ar_decode, repeats, min_seconds)
 
   for batch in batches:
-    base = add(go(ar, "ar", base_opt, batch), "ar", "ar", "kv cache", None)
+    ar_decode = make_decoder("ar", ar.frozen, ar.objective, base_opt)
+    base = add(_timed(ar_decode, prompts, batch, None, repeats, min_seconds), "ar", "ar",
+               "kv cache", None)
     for name, card in cards.items():
       card_ar = add(go(card, "ar", base_opt, batch), name, "ar", "kv cache", base)
       ltr = add(go(card, "card", dataclasses.replace(base_opt, planner="left_to_right"), batch),
@@ -167,7 +168,7 @@ def code_rows(ar: LoadedRun, cards: dict, mdlm: LoadedRun | None, inputs: dict,
 
 
 HEADER = ("| task | model | method | setting | batch | tokens/forward | tokens/s median "
-          "[range] | speedup vs AR | quality |\n|---|---|---|---|---|---|---|---|---|")
+          "[range] | speedup vs AR [paired range] | quality |\n|---|---|---|---|---|---|---|---|---|")
 QUALITY = {"exact_match": "EM", "judge_nll": "NLL"}
 
 
@@ -212,7 +213,14 @@ def format_row(row: dict) -> str:
   low, high = row.get("tokens_per_second_range", (row["tokens_per_second"],) * 2)
   return (f"| {row['task']} | {row['model']} | {row['method']} | {row['setting']} | "
           f"{row['batch']} | {row['tokens_per_forward']:.2f} | {row['tokens_per_second']:.0f} "
-          f"[{low:.0f}-{high:.0f}] | {row['speedup']:.2f}x | {quality} |")
+          f"[{low:.0f}-{high:.0f}] | {_speedup(row)} | {quality} |")
+
+
+def _speedup(row: dict) -> str:
+  if "speedup_range" not in row:
+    return f"{row['speedup']:.2f}x"
+  low, high = row["speedup_range"]
+  return f"{row['speedup']:.2f}x [{low:.2f}-{high:.2f}]"
 
 
 def table(rows: Sequence[dict]) -> str:

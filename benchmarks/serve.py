@@ -1,0 +1,185 @@
+"""Load test of `cardjax serve`: throughput and latency at 1, 4, 16, 64 concurrent clients.
+
+  python benchmarks/serve.py [--checkpoint RUN] [--methods ar,mars] [--levels 1,4,16,64]
+      [--requests 4] [--max-tokens 32] [--batch-sizes 1,4,16,64] [--chunk 16]
+      [--url http://127.0.0.1:8000] [--out runs/serve_bench]
+
+For each method it starts a server on a free loopback port with --warmup-width (every
+compiled batch size and prompt width is built before serving; or, with --url, it uses the
+server running there with whatever method it serves), then runs each level: C client threads, each
+sending --requests chat completions one after another (arithmetic questions, greedy,
+ignore_eos so every request writes exactly --max-tokens tokens and the levels compare like
+for like). Per level: generated tokens/s and requests/s over the level's wall time, p50
+and p99 request latency, the mean tokens per forward the server reported. The table and
+the machine go to stdout and --out/results.json.
+
+The default checkpoint is the decode benchmark's trained AR SFT model (configs/
+decode_bench.py:sft, 128 x 4 layers, runs/bench_decode/runs/sft); MARS is served from it
+with --objective mars (it was not trained for MARS: the MARS rows show what batching does
+to the MARS decoder's throughput, not MARS's speed-up). With no such run, a random-init
+model of the same size is written to --out/init first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import portpicker
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_RUN = ROOT / "runs/bench_decode/runs/sft"
+
+
+def checkpoint(args) -> Path:
+  if args.checkpoint:
+    return Path(args.checkpoint)
+  if (DEFAULT_RUN / "checkpoints").is_dir() and any(
+      p.name.isdigit() for p in (DEFAULT_RUN / "checkpoints").iterdir()):
+    return DEFAULT_RUN
+  init = Path(args.out) / "init"
+  if not (init / "checkpoints").is_dir():
+    subprocess.run([sys.executable, "-m", "cardjax.cli", "init", "--config",
+                    "configs/decode_bench.py:sft", "--workdir", str(init)], cwd=ROOT,
+                   check=True)
+  return init
+
+
+def start(run: Path, method: str, args) -> tuple[subprocess.Popen, str]:
+  port = portpicker.pick_unused_port()
+  cmd = [sys.executable, "-m", "cardjax.cli", "serve", "--checkpoint", str(run), "--port",
+         str(port), "--method", method, "--batch-sizes", args.batch_sizes, "--chunk",
+         str(args.chunk), "--model-name", "bench", "--warmup-width", str(args.warmup_width)]
+  if method != "ar":
+    cmd += ["--objective", "mars", "--tau", str(args.tau)]
+  proc = subprocess.Popen(cmd, cwd=ROOT)
+  url = f"http://127.0.0.1:{port}"
+  for _ in range(2400):
+    try:
+      urllib.request.urlopen(url + "/health", timeout=1)
+      return proc, url
+    except OSError:
+      if proc.poll() is not None:
+        raise SystemExit(f"the server exited with {proc.returncode}")
+      time.sleep(0.5)
+  raise SystemExit("the server did not start within 20 minutes")
+
+
+def ask(url: str, model: str, question: str, max_tokens: int) -> tuple[float, dict]:
+  body = {"model": model, "messages": [{"role": "user", "content": question}],
+          "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+  request = urllib.request.Request(url + "/v1/chat/completions",
+                                   data=json.dumps(body).encode(),
+                                   headers={"Content-Type": "application/json"})
+  start = time.perf_counter()
+  with urllib.request.urlopen(request, timeout=3600) as r:
+    answer = json.loads(r.read())
+  return time.perf_counter() - start, answer["usage"]
+
+
+def level(url: str, model: str, clients: int, requests: int, max_tokens: int,
+          seed: int) -> dict:
+  rng = random.Random(seed)
+  questions = [f"What is {rng.randint(1, 999)} + {rng.randint(1, 999)}?"
+               for _ in range(clients * requests)]
+  latencies, usages, lock = [], [], threading.Lock()
+
+  def client(k: int):
+    for q in questions[k * requests:(k + 1) * requests]:
+      seconds, usage = ask(url, model, q, max_tokens)
+      with lock:
+        latencies.append(seconds)
+        usages.append(usage)
+  threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+  start = time.perf_counter()
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  wall = time.perf_counter() - start
+  tokens = sum(u["completion_tokens"] for u in usages)
+  latencies.sort()
+  return {"clients": clients, "requests": len(latencies), "tokens": tokens,
+          "wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall, 1),
+          "requests_per_s": round(len(latencies) / wall, 2),
+          "p50_s": round(statistics.median(latencies), 3),
+          "p99_s": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 3),
+          "tokens_per_forward": round(statistics.mean(u["tokens_per_forward"]
+                                                      for u in usages), 3)}
+
+
+def model_name(url: str) -> str:
+  with urllib.request.urlopen(url + "/v1/models") as r:
+    return json.loads(r.read())["data"][0]["id"]
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--checkpoint", default="")
+  parser.add_argument("--url", default="", help="an already running server (one method)")
+  parser.add_argument("--methods", default="ar,mars")
+  parser.add_argument("--levels", default="1,4,16,64")
+  parser.add_argument("--requests", type=int, default=4, help="per client per level")
+  parser.add_argument("--max-tokens", type=int, default=32)
+  parser.add_argument("--batch-sizes", default="1,4,16,64")
+  parser.add_argument("--chunk", type=int, default=16)
+  parser.add_argument("--tau", type=float, default=0.9)
+  parser.add_argument("--warmup-width", type=int, default=64,
+                      help="the server compiles prompt widths up to this before serving")
+  parser.add_argument("--out", default="runs/serve_bench")
+  args = parser.parse_args()
+  os.chdir(ROOT)
+  # The servers keep their compiled programs here: a rerun skips the warm-up compiles.
+  os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(args.out).resolve() / "xla"))
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+  from cardjax import machine
+
+  info = machine.describe()
+  levels = [int(x) for x in args.levels.split(",")]
+  run = None if args.url else checkpoint(args)
+  results = []
+  for method in (["(--url)"] if args.url else args.methods.split(",")):
+    proc, url = (None, args.url) if args.url else start(run, method, args)
+    try:
+      name = model_name(url)
+      t = time.perf_counter()
+      level(url, name, 4, 1, args.max_tokens, seed=999)  # anything the server's missed
+      print(f"{method}: warm-up {time.perf_counter() - t:.0f}s", flush=True)
+      for c in levels:
+        row = dict(method=method, **level(url, name, c, args.requests, args.max_tokens, c))
+        print(json.dumps(row), flush=True)
+        results.append(row)
+    finally:
+      if proc is not None:
+        proc.terminate()
+        proc.wait()
+  print(f"\ncardjax serve load test: {run or args.url}, {args.max_tokens} tokens per request "
+        f"(ignore_eos), {args.requests} requests per client, batch sizes {args.batch_sizes}, "
+        f"chunk {args.chunk}\nmachine: {machine.line(info)}\n")
+  print("| method | clients | tokens/s | requests/s | p50 latency s | p99 latency s | "
+        "tokens/forward | x 1 client |")
+  print("|---|---|---|---|---|---|---|---|")
+  for r in results:
+    base = next(b for b in results if b["method"] == r["method"])["tokens_per_s"]
+    print(f"| {r['method']} | {r['clients']} | {r['tokens_per_s']} | {r['requests_per_s']} | "
+          f"{r['p50_s']} | {r['p99_s']} | {r['tokens_per_forward']} | "
+          f"{r['tokens_per_s'] / base:.1f} |")
+  out = Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "results.json").write_text(json.dumps(
+      {"machine": info, "checkpoint": str(run or args.url), "args": vars(args),
+       "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+  main()

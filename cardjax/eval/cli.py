@@ -1,0 +1,128 @@
+"""`cardjax eval --checkpoint RUN --task nll|arith|jsonl [--compare RUN2] [--out FILE]`.
+
+The decoding flags (--method, --tau, --block, ...) are `cardjax generate`'s, defined once in
+cardjax/cli.py (decoding_args) and parsed once (decoding/cli.py: options_from_args). This
+module imports no jax at import time: cardjax/cli.py builds every parser on each call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cardjax.errors import CheckpointError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+  """The flags of `cardjax eval` other than the decoding ones."""
+  from cardjax.eval.tasks import TASKS
+
+  p.add_argument("--checkpoint", required=True, help="a run folder or its checkpoints/")
+  p.add_argument("--task", required=True, help=" | ".join(TASKS))
+  p.add_argument("--compare", default="",
+                 help="a second checkpoint, evaluated with the same settings; the table and "
+                      "report show both and their difference")
+  p.add_argument("--out", default="", help="write the JSON report here")
+  p.add_argument("--tokenizer", default="", help="HF tokenizer folder (default: the run's)")
+  p.add_argument("--batch", type=int, default=8, help="arith / jsonl: prompts decoded together")
+  p.add_argument("--n", type=int, default=0,
+                 help="arith: problems (0: 100); jsonl: the first N lines (0: all)")
+  g = p.add_argument_group("nll")
+  g.add_argument("--dataset", default="", help="a built dataset (default: the run's)")
+  g.add_argument("--split", default="",
+                 help="its split (default: the run's data.eval_split, else validation / test)")
+  g.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                 help="a dataset builder option of --dataset (as `cardjax data build` takes "
+                      "them), repeated for more; default: its default build")
+  g.add_argument("--batches", type=int, default=0,
+                 help="batches scored (0: the run's train.eval_steps, as the trainer)")
+  g.add_argument("--data-dir", default="", help="arith / nll: the datasets' folder "
+                                               "(default: the run's data.data_dir)")
+  g = p.add_argument_group("jsonl")
+  g.add_argument("--file", default="", help="one JSON object a line")
+  g.add_argument("--prompt-field", default="prompt", help="the prompt's key (GSM8K: question)")
+  g.add_argument("--answer-field", default="answer", help="the reference answer's key")
+  g.add_argument("--extract", default="",
+                 help="regex whose last match (group 1 if it has groups) is the generation's "
+                      "answer (default: the text after '####', else the last number)")
+  g.add_argument("--normalize", action="store_true",
+                 help="compare answers ignoring case, spaces, ',' '$' and a final '.'")
+  g.add_argument("--no-chat", action="store_true",
+                 help="feed prompts as written, not in the checkpoint's chat template")
+
+
+def run_eval(args) -> int:
+  """Evaluate --checkpoint (and --compare) on --task; print the table, write --out."""
+  import contextlib
+
+  import jax
+
+  from cardjax.parallel import make_mesh
+
+  from cardjax.eval import answers, tasks
+  from cardjax.restore import checkpoints_dir
+
+  tasks.check_args(args)
+  pattern, rows = None, None
+  if args.task == "jsonl":  # every line checked before minutes go into loading
+    from cardjax.eval import jsonl
+    pattern = answers.compile_pattern(args.extract)
+    rows = jsonl.read_examples(args.file, args.prompt_field, args.answer_field, args.n)
+  paths = [args.checkpoint] + ([args.compare] if args.compare else [])
+  for path in paths:  # both, before minutes go into the first
+    if not checkpoints_dir(path).is_dir():
+      raise CheckpointError(f"checkpoint {path} does not exist; give a run folder (with "
+                            "checkpoints/) or a checkpoint folder")
+  mesh = make_mesh(1, -1, 1) if jax.device_count() > 1 else None
+  with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+    report = _evaluate(args, paths, mesh, pattern, rows)
+  from cardjax.eval import report as reporting
+  print(reporting.table(report))
+  if args.out:
+    print(f"report: {reporting.write(report, args.out)}")
+  return 0
+
+
+def _evaluate(args, paths, mesh, pattern, rows) -> dict:
+  import dataclasses
+
+  from cardjax import machine
+  from cardjax.decoding.cli import options_from_args, resolve_block
+  from cardjax.eval import report, tasks
+  from cardjax.restore import load_run
+
+  decoding = args.task in tasks.DECODING
+  runs, settings, block = [], {}, None
+  for path in paths:
+    run = load_run(path, mesh=mesh, tokenizer=args.tokenizer, objective=args.objective,
+                   method=args.method if decoding else "")
+    entry = {"checkpoint": str(path), "step": run.step, "objective": run.objective}
+    if decoding:
+      if block is None:  # --block 0 resolves on the first checkpoint; both decode with it
+        block = resolve_block(args.method, args.block, run.run_config,
+                              log=lambda line: print(line, file=sys.stderr),
+                              command="cardjax eval")
+      shift = bool((run.run_config or {}).get("objective", {}).get("shift", False))
+      options = options_from_args(args, run.tokenizer.stop_ids, run.tokenizer.pad_id, block,
+                                  shift)
+      if not settings:
+        settings = {"method": args.method, "batch": args.batch,
+                    "options": {k: v for k, v in dataclasses.asdict(options).items()
+                                if k not in ("stop_ids", "pad_id", "shift")}}
+      entry["shift"] = shift
+      out = (tasks.run_arith(args, run, options) if args.task == "arith"
+             else tasks.run_jsonl(args, run, options, pattern, rows))
+    else:
+      out = tasks.run_nll(args, run, mesh)
+      settings = settings or {k: out["metrics"][k] for k in ("dataset", "split", "batches")}
+    entry.update(out)
+    runs.append(entry)
+    del run  # the second checkpoint is restored after the first is released
+  task = {"name": args.task}
+  if args.task == "jsonl":
+    task.update(file=args.file, prompt_field=args.prompt_field, answer_field=args.answer_field,
+                extract=args.extract or "default (after '####', else the last number)",
+                normalize=args.normalize, chat=not args.no_chat)
+  elif args.task == "arith":
+    task.update(dataset="arith_sft", split="test", n=runs[0]["metrics"]["n"])
+  return report.build(machine.describe(), task, settings, runs)

@@ -1,0 +1,65 @@
+"""`cardjax generate`: decode prompts from a checkpoint and print text and speed metrics.
+
+Text in, text out: it reads the checkpoint and its tokenizer (cardjax/restore.py), so it
+sits above cardjax/decoding/, whose samplers take token arrays only."""
+
+from __future__ import annotations
+
+import time
+
+from cardjax.errors import CardjaxError
+
+
+def run_generate(args) -> None:
+  """Restore on a mesh of all local devices (fsdp: parameters and batch rows sharded, the
+  KV cache with them) and decode under it; on one device the mesh is trivial."""
+  import contextlib
+
+  import jax
+
+  from cardjax.parallel import make_mesh
+
+  mesh = make_mesh(1, -1, 1) if jax.device_count() > 1 else None
+  with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+    _generate(args, mesh)
+
+
+def _generate(args, mesh) -> None:
+  from cardjax.decoding.cli import options_from_args, resolve_block
+  from cardjax.decoding.methods import make_decoder
+  from cardjax.restore import load_run
+
+  run = load_run(args.checkpoint, mesh=mesh, tokenizer=args.tokenizer,
+                 objective=args.objective, method=args.method)
+  tokenizer = run.tokenizer
+  if args.prompt is not None:
+    texts = [args.prompt]
+  else:
+    texts = [line.rstrip("\n") for line in open(args.prompts) if line.strip()]
+  if not texts or not all(texts):
+    raise CardjaxError("give a non-empty --prompt or a --prompts file with one prompt a line")
+  if args.chat:
+    texts = [tokenizer.render_chat([{"role": "user", "content": t}], add_generation_prompt=True)
+             for t in texts]
+  prompts = [tokenizer.encode(t) for t in texts]
+  run_config = run.run_config
+  shift = bool((run_config or {}).get("objective", {}).get("shift", False))
+  block = resolve_block(args.method, args.block, run_config)
+  options = options_from_args(args, tokenizer.stop_ids, tokenizer.pad_id, block, shift)
+  decode = make_decoder(args.method, run.model, run.objective, options)
+  start = time.perf_counter()
+  rows, row_forwards, tokens = [], 0, 0
+  for i in range(0, len(prompts), args.batch):
+    chunk = prompts[i:i + args.batch]
+    out = decode(chunk)
+    rows += out.rows()
+    row_forwards += out.forwards * len(chunk)
+    tokens += int(out.lengths.sum())
+  seconds = time.perf_counter() - start
+  for text, row in zip(texts, rows):
+    print(f"--- {text!r}\n{tokenizer.decode(row, skip_special=True)}")
+  setting = "" if args.method == "ar" else f" B={block}"
+  print(f"method {args.method}{setting} (step {run.step}, objective "
+        f"{run.objective or 'unknown'}): {tokens} tokens, {row_forwards} row-forwards, "
+        f"{tokens / max(row_forwards, 1):.2f} tokens per forward, {tokens / seconds:.1f} "
+        f"tokens/s, {seconds:.2f}s latency (compile included)")

@@ -1,0 +1,61 @@
+"""A checkpoint made ready to use: the model, its run config, tokenizer and objective.
+
+`cardjax generate`, `cardjax eval`, the decode benchmarks and the demo all start from a run
+folder (or its checkpoints/). The decoders themselves (cardjax/decoding/) take token arrays
+and a model only, so reading checkpoints and tokenizers lives here, one level above them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+
+
+@dataclasses.dataclass
+class LoadedRun:
+  model: object
+  config: object | None  # the run's full config (merged over base_config); None: an import
+  tokenizer: object
+  objective: str | None  # the training objective; None: unknown (an HF / GGUF import)
+  step: int = 0
+  root: Path | None = None  # the checkpoints folder
+
+  @functools.cached_property
+  def frozen(self):
+    """The model split once: decoders built on it share their compiled loops."""
+    from cardjax.decoding.frozen import Frozen
+    return Frozen(self.model)
+
+  @property
+  def run_config(self) -> dict | None:
+    """The run config as a plain dict (what decoding.cli.resolve_block reads)."""
+    return None if self.config is None else self.config.to_dict()
+
+
+def checkpoints_dir(run_dir: str | Path) -> Path:
+  """RUN/checkpoints for a training run folder, else the folder itself."""
+  root = Path(run_dir)
+  return root / "checkpoints" if (root / "checkpoints").is_dir() else root
+
+
+def load_run(run_dir: str | Path, mesh=None, tokenizer: str = "", objective: str = "",
+             method: str = "") -> LoadedRun:
+  """The latest checkpoint of `run_dir` with its config, tokenizer and objective.
+  `tokenizer` (a HF folder) replaces the checkpoint's own; `objective` overrides the
+  training objective the run config records (an import records none), which decides the
+  decoding methods that fit; `method`, when given, is checked against it before the weights
+  are read, so a method the checkpoint cannot serve fails at once."""
+  from cardjax import checkpoint
+  from cardjax.config import merge_into_base
+
+  root = checkpoints_dir(run_dir)
+  raw = checkpoint.read_run_config(root)  # a missing folder: one CheckpointError here
+  config = merge_into_base(raw) if raw is not None else None
+  name = objective or (config.objective.name if config is not None else None)
+  if method:
+    from cardjax.decoding.methods import check_method
+    check_method(method, name, where=str(root))
+  model, step = checkpoint.restore_model(root, mesh=mesh)
+  tok = checkpoint.load_tokenizer(root, model.cfg, tokenizer or None)
+  return LoadedRun(model, config, tok, name, step, root)

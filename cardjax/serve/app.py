@@ -1,0 +1,167 @@
+"""The HTTP routes: OpenAI's /v1/models, /v1/completions, /v1/chat/completions, plus
+/metrics (Prometheus) and /health.
+
+Handlers run on the event loop; decoding runs on the scheduler's thread, which hands each
+job's events back through the loop (call_soon_threadsafe) into a queue per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from cardjax.serve import protocol
+from cardjax.serve.engine import Engine
+from cardjax.serve.metrics import Metrics
+from cardjax.serve.protocol import APIError
+from cardjax.serve.scheduler import Job, Scheduler
+from cardjax.serve.tau import TauControl
+from cardjax.serve.text import TextStream
+
+# A non-streamed request checks this often whether its client is still there.
+DISCONNECT_POLL_S = 0.5
+
+
+def create_app(engine: Engine, tau: TauControl | None = None) -> FastAPI:
+  metrics = Metrics()
+  scheduler = Scheduler(engine, metrics, tau or TauControl(engine.tau))
+
+  @contextlib.asynccontextmanager
+  async def lifespan(app):
+    scheduler.start()
+    yield
+    # uvicorn has stopped accepting and waited for in-flight responses; whatever is left
+    # in the pool (none, normally) is finished before the process exits.
+    await asyncio.to_thread(scheduler.stop)
+
+  app = FastAPI(title="cardjax serve", lifespan=lifespan)
+  app.state.engine, app.state.scheduler, app.state.metrics = engine, scheduler, metrics
+
+  @app.exception_handler(APIError)
+  async def api_error(request, e: APIError):
+    metrics.requests.labels("bad_request").inc()
+    return JSONResponse(e.body(), status_code=e.status)
+
+  @app.get("/health")
+  async def health():
+    return {"status": "ok"}
+
+  @app.get("/metrics")
+  async def prometheus():
+    return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+  @app.get("/v1/models")
+  async def models():
+    return {"object": "list", "data": [{"id": engine.name, "object": "model", "created": 0,
+                                        "owned_by": "cardjax"}]}
+
+  @app.post("/v1/completions")
+  async def completions(request: Request):
+    return await _serve(request, chat=False)
+
+  @app.post("/v1/chat/completions")
+  async def chat_completions(request: Request):
+    return await _serve(request, chat=True)
+
+  async def _serve(request: Request, chat: bool):
+    try:
+      body = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise APIError(400, f"the request body is not valid JSON ({e}); send a JSON object")
+    parsed = protocol.parse(body, engine, chat)
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue = asyncio.Queue()
+    jobs = []
+    for i, prompt in enumerate(parsed.prompts):
+      def sink(event, i=i):
+        try:
+          loop.call_soon_threadsafe(events.put_nowait, (i, event))
+        except RuntimeError:  # the event loop has closed: nobody is listening any more
+          pass
+      jobs.append(Job(prompt, parsed.settings, parsed.max_tokens,
+                      TextStream(engine.tokenizer, parsed.stop), sink))
+    for job in jobs:
+      scheduler.submit(job)
+    rid = protocol.new_id(chat)
+    if parsed.stream:
+      return StreamingResponse(_stream(request, rid, parsed, jobs, events),
+                               media_type="text/event-stream",
+                               headers={"Cache-Control": "no-cache"})
+    dones: dict[int, dict] = {}
+    try:
+      async with contextlib.aclosing(_events(request, events)) as stream:
+        async for i, event in stream:
+          if event["type"] == "error":
+            return JSONResponse(APIError(500, event["message"], kind="server_error").body(),
+                                status_code=500)
+          if event["type"] == "done":
+            dones[i] = event
+          if len(dones) == len(jobs):
+            break
+        else:
+          return Response(status_code=499)  # the client left: nobody reads this
+    finally:  # the client left or a choice failed: free the other rows
+      for i, job in enumerate(jobs):
+        if i not in dones:
+          scheduler.cancel(job)
+    return protocol.response(rid, engine.name, chat, [dones[i] for i in range(len(jobs))])
+
+  async def _events(request: Request, events: asyncio.Queue):
+    """The jobs' events as they come, ending early when the client has gone: checked
+    every DISCONNECT_POLL_S and before each event is handed on, so an abandoned request
+    is cancelled within a poll, not when the next write to its socket fails."""
+    getter = asyncio.ensure_future(events.get())
+    try:
+      while True:
+        await asyncio.wait({getter}, timeout=DISCONNECT_POLL_S)
+        if await request.is_disconnected():
+          return
+        if getter.done():
+          yield getter.result()
+          getter = asyncio.ensure_future(events.get())
+    finally:
+      getter.cancel()
+
+  async def _stream(request: Request, rid: str, parsed, jobs: list, events: asyncio.Queue):
+    """Server-sent events: a delta per chunk of new text, each choice's end with its
+    usage, optionally a usage-only event, then [DONE]. A client that leaves (seen by
+    _events) has its unfinished rows freed."""
+    chat, dones = parsed.chat, {}
+
+    def sse(body: dict) -> str:
+      return f"data: {json.dumps(body)}\n\n"
+    try:
+      if chat:
+        for i in range(len(jobs)):
+          yield sse(protocol.chunk(rid, engine.name, chat, i, role=True))
+      async with contextlib.aclosing(_events(request, events)) as stream:
+        async for i, event in stream:
+          if event["type"] == "delta":
+            yield sse(protocol.chunk(rid, engine.name, chat, i, text=event["text"]))
+          elif event["type"] == "done":
+            dones[i] = event
+            yield sse(protocol.chunk(rid, engine.name, chat, i,
+                                     finish=event["finish_reason"], done=event))
+          else:
+            dones[i] = event
+            yield sse(APIError(500, event["message"], kind="server_error").body())
+          if len(dones) == len(jobs):
+            break
+        else:
+          return  # the client left
+      if parsed.include_usage:
+        yield sse(protocol.usage_chunk(rid, engine.name, chat,
+                                       [d for d in dones.values() if d["type"] == "done"]))
+      yield "data: [DONE]\n\n"
+    finally:
+      for i, job in enumerate(jobs):
+        if i not in dones:
+          scheduler.cancel(job)
+
+  app.state.started = time.time()
+  return app

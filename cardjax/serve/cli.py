@@ -1,0 +1,113 @@
+"""`cardjax serve`: load a checkpoint and serve it over HTTP with uvicorn."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import sys
+import time
+
+from cardjax.errors import CardjaxError
+
+
+def is_loopback(host: str) -> bool:
+  """localhost, 127.0.0.0/8 or ::1; a name is resolved."""
+  try:
+    return ipaddress.ip_address(host).is_loopback
+  except ValueError:
+    try:
+      return all(ipaddress.ip_address(info[4][0]).is_loopback
+                 for info in socket.getaddrinfo(host, None))
+    except OSError:
+      return False
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+  try:
+    sizes = tuple(int(x) for x in text.split(",") if x.strip())
+  except ValueError:
+    sizes = ()
+  if not sizes or min(sizes) < 1:
+    raise CardjaxError(f"--batch-sizes={text!r} must be positive integers separated by "
+                       "commas, e.g. 1,4,16")
+  return sizes
+
+
+def add_arguments(p) -> None:
+  p.add_argument("--checkpoint", required=True, help="a run folder or its checkpoints/")
+  p.add_argument("--method", default="ar",
+                 help="default decoding method: ar | mars | card | dus | eb | cb (a request "
+                      "may pick another that the checkpoint serves)")
+  p.add_argument("--objective", default="",
+                 help="the checkpoint's objective when it has no run config (an import)")
+  p.add_argument("--tokenizer", default="", help="HF tokenizer folder (default: the run's)")
+  p.add_argument("--model-name", default="",
+                 help="the model id clients send (default: the run folder's name)")
+  p.add_argument("--tau", type=float, default=0.95,
+                 help="mars / card: default threshold (a request's tau overrides it)")
+  p.add_argument("--block", type=int, default=0,
+                 help="mars: tokens drafted per forward (0: the run's block size); card / "
+                      "dus / eb / cb: block length (0: 4)")
+  p.add_argument("--rule", default="prob", help="mars: prob | entropy | margin | entropy_nats")
+  p.add_argument("--verify", action="store_true", help="mars: self-verified, lossless")
+  p.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
+  p.add_argument("--port", type=int, default=8000)
+  p.add_argument("--allow-remote", action="store_true",
+                 help="allow binding a non-loopback --host: the server has no "
+                      "authentication, anyone who reaches the port can use it")
+  p.add_argument("--batch-sizes", default="1,4,16",
+                 help="compiled batch sizes; a batch is padded to the smallest that fits")
+  p.add_argument("--chunk", type=int, default=16,
+                 help="new tokens per row per decode call; rows are refilled between calls")
+  p.add_argument("--width-bucket", type=int, default=32,
+                 help="prompts are left-padded to a multiple of this (compiled widths)")
+  p.add_argument("--warmup-width", type=int, default=0,
+                 help="before serving, compile the default method for every batch size and "
+                      "prompt width up to this many tokens (0: compile on first use)")
+  p.add_argument("--max-tokens", type=int, default=64,
+                 help="a request's max_tokens when it sends none")
+  p.add_argument("--target-latency-ms", type=float, default=0.0,
+                 help="mars: lower the server's tau (down to --tau-min) while requests "
+                      "queue and latency exceeds this; raise it (up to --tau-max) when idle")
+  p.add_argument("--tau-min", type=float, default=0.5)
+  p.add_argument("--tau-max", type=float, default=0.95)
+  p.add_argument("--log-level", default="warning", help="uvicorn's log level")
+
+
+def run_serve(args) -> None:
+  import jax
+  import uvicorn
+
+  from cardjax.parallel import make_mesh
+  from cardjax.serve.app import create_app
+  from cardjax.serve.engine import Engine
+  from cardjax.serve.tau import TauControl
+
+  if not is_loopback(args.host):
+    if not args.allow_remote:
+      raise CardjaxError(f"--host {args.host} is not a loopback address and the server has no "
+                         "authentication: pass --allow-remote as well to bind it")
+    print(f"cardjax serve: warning: listening on {args.host}: anyone who reaches port "
+          f"{args.port} can use this server (no authentication)", file=sys.stderr)
+  sizes = parse_sizes(args.batch_sizes)
+  tau = TauControl(args.tau, args.target_latency_ms, args.tau_min, args.tau_max)
+  mesh = make_mesh(1, -1, 1) if jax.device_count() > 1 else None
+  engine = Engine.load(args.checkpoint, tokenizer=args.tokenizer, objective=args.objective,
+                       name=args.model_name, mesh=mesh, method=args.method, tau=tau.tau,
+                       block=args.block, verify=args.verify, rule=args.rule,
+                       chunk=args.chunk, batch_sizes=sizes, width_bucket=args.width_bucket,
+                       max_tokens=args.max_tokens)
+  if args.warmup_width > 0:
+    start = time.perf_counter()
+    shapes = engine.warmup(args.warmup_width, log=lambda line: print(line, file=sys.stderr))
+    print(f"cardjax serve: warm-up compiled {shapes} shapes in "
+          f"{time.perf_counter() - start:.0f}s", file=sys.stderr)
+  app = create_app(engine, tau)
+  d = engine.default
+  print(f"cardjax serve: model {engine.name!r} (objective {engine.objective or 'unknown'}), "
+        f"method {d.method}" + (f" B={d.block}" if d.method != "ar" else "") +
+        f", batch sizes {engine.batch_sizes}, chunk {engine.chunk}; "
+        f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+  # uvicorn's SIGTERM / Ctrl-C: stop accepting, finish in-flight requests, then exit.
+  uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+              timeout_graceful_shutdown=None)

@@ -1,0 +1,194 @@
+"""The model a server serves and one decode chunk of a batch.
+
+The jitted decoders run a batch to completion and keep no state between calls, so the
+server decodes in chunks: each call writes at most `chunk` new tokens per row, from the
+row's prompt plus what it has generated so far. A row's KV cache is rebuilt by each
+chunk's prefill (one batched forward over the context, cheap next to the chunk's decode
+forwards for short contexts); in exchange a batch can be re-formed between chunks, so a
+finished or disconnected request frees its row for a waiting one. Every call has a static
+shape from a small set: the batch is padded to one of `batch_sizes` and the prompts to a
+multiple of `width_bucket` (prompts.BUCKET), so nothing compiles per request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+from cardjax.errors import CardjaxError
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """The decoder settings a batch shares: requests with different ones never share a
+  decode call (a batch's tau, temperature, top_p and seed are one value per call)."""
+  method: str
+  temperature: float = 0.0
+  top_p: float = 1.0
+  tau: float | None = None  # None: the server's tau (load-aware with --target-latency-ms)
+  block: int = 4
+  verify: bool = False
+  rule: str = "prob"
+  seed: int | None = None  # with temperature > 0: the request decodes alone, reproducibly
+  ignore_eos: bool = False  # decode to max_tokens through stop tokens (load tests)
+
+  def group(self) -> tuple:
+    """The batching key (the seed is left to the scheduler: see Job.group)."""
+    return (self.method, self.temperature, self.top_p, self.tau, self.block, self.verify,
+            self.rule, self.ignore_eos)
+
+
+class Engine:
+  """A restored checkpoint, its tokenizer and run settings, and a chunked decode call."""
+
+  def __init__(self, model, tokenizer, objective: str | None, run_config, name: str,
+               method: str = "ar", tau: float = 0.95, block: int = 0, verify: bool = False,
+               rule: str = "prob", chunk: int = 16, batch_sizes=(1, 4, 16),
+               width_bucket: int = 32, max_tokens: int = 64, mesh=None):
+    from cardjax.decoding import prompts
+    from cardjax.decoding.cli import resolve_block
+    from cardjax.decoding.frozen import freeze
+
+    if chunk < 1:
+      raise CardjaxError(f"--chunk={chunk} must be >= 1 (new tokens per row per decode call)")
+    if not batch_sizes or min(batch_sizes) < 1:
+      raise CardjaxError(f"--batch-sizes={batch_sizes} must be positive integers, e.g. 1,4,16")
+    if max_tokens < 1:
+      raise CardjaxError(f"--max-tokens={max_tokens} must be >= 1 (a request's default)")
+    if width_bucket < 1:
+      raise CardjaxError(f"--width-bucket={width_bucket} must be >= 1")
+    self.model = freeze(model)
+    self.cfg = model.cfg
+    self.tokenizer = tokenizer
+    self.objective = objective
+    self.run_config = run_config
+    self.name = name
+    self.chunk = chunk
+    self.max_tokens = max_tokens  # a request's max_tokens when it gives none
+    self.batch_sizes = tuple(sorted(set(batch_sizes)))
+    self.mesh = mesh
+    # The decoders read the bucket at call time; one server process serves one model.
+    prompts.BUCKET = width_bucket
+    self._resolve_block = resolve_block
+    self.tau = tau  # the server's MARS tau (Settings.tau None); tau.py may move it
+    self.default = self._build(method, None, block, verify, rule,
+                               log=lambda line: print(line, file=sys.stderr))
+
+  @classmethod
+  def load(cls, checkpoint: str, tokenizer: str = "", objective: str = "", name: str = "",
+           mesh=None, **kwargs) -> "Engine":
+    """Restore like `cardjax generate` does: the run's objective decides the methods."""
+    from cardjax import checkpoint as ckpt
+
+    root = Path(checkpoint)
+    if not root.exists():
+      raise CardjaxError(f"--checkpoint {root} does not exist: give a run folder or its "
+                         "checkpoints/")
+    root = root / "checkpoints" if (root / "checkpoints").is_dir() else root
+    run_config = ckpt.read_run_config(root)
+    objective = objective or (run_config or {}).get("objective", {}).get("name")
+    model, _ = ckpt.restore_model(root, mesh=mesh)
+    tok = ckpt.load_tokenizer(root, model.cfg, tokenizer)
+    name = name or (root.parent.name if root.name == "checkpoints" else root.name)
+    return cls(model, tok, objective, run_config, name, mesh=mesh, **kwargs)
+
+  def settings(self, ext: dict, temperature: float = 0.0, top_p: float = 1.0,
+               seed: int | None = None) -> Settings:
+    """A request's settings: its extension keys (method, tau, block, verify, rule,
+    ignore_eos) over the server's defaults. Checked here, so a bad value fails its
+    request, not a batch."""
+    d = self.default
+    method = ext.get("method") or d.method
+    same = method == d.method
+    s = self._build(method, ext.get("tau"), ext.get("block") or (d.block if same else 0),
+                    ext.get("verify", d.verify if same else False),
+                    ext.get("rule") or d.rule, temperature, top_p, seed)
+    return dataclasses.replace(s, ignore_eos=bool(ext.get("ignore_eos", False)))
+
+  def _build(self, method: str, tau, block: int, verify: bool, rule: str,
+             temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
+             log=None) -> Settings:
+    from cardjax.decoding import mars
+    from cardjax.decoding.methods import check_method
+
+    check_method(method, self.objective, where=f"model {self.name!r}")
+    block = self._resolve_block(method, block, self.run_config, log or (lambda line: None))
+    if method != "ar" and self.cfg.mask_token_id < 0:
+      raise CardjaxError(f"method {method} needs the model's [MASK] id and model "
+                         f"{self.name!r} has none; use method ar")
+    if verify and method != "mars":
+      raise CardjaxError(f"verify applies to method mars only, not {method}")
+    if method == "mars":
+      mars.check_args(self.tau if tau is None else tau, block, self.cfg.mask_token_id, rule,
+                      temperature, top_p)
+      if verify and temperature > 0:
+        raise CardjaxError(f"verify decodes exactly AR greedy and cannot sample "
+                           f"(temperature={temperature}): drop verify or set temperature 0")
+    elif method != "ar":
+      if temperature > 0:
+        raise CardjaxError(f"method {method} does not sample (temperature={temperature}): "
+                           "set temperature 0, or use method ar or mars")
+      if tau is not None and not 0.0 <= tau <= 1.0:
+        raise CardjaxError(f"tau={tau} must lie in [0, 1]")
+    if method == "ar" or verify:  # settings these decoders do not read
+      tau, rule = None, "prob"
+    if method == "ar":
+      block = 0
+    # The seed matters only when sampling; greedy requests batch together whatever it is.
+    seed = seed if temperature > 0 else None
+    return Settings(method, float(temperature), float(top_p),
+                    None if tau is None else float(tau), int(block), bool(verify), rule, seed)
+
+  def room(self, s: Settings) -> int:
+    """Context positions a chunk needs after its prompt (the decoders' windows)."""
+    return self.chunk if s.method == "ar" else self.chunk + 3 * s.block
+
+  def prompt_limit(self, s: Settings) -> int:
+    """The longest context (prompt + generated) a row can decode another chunk from."""
+    return self.cfg.max_position_embeddings - self.room(s)
+
+  def batch_size(self, rows: int) -> int:
+    """The compiled batch size that holds `rows` (rows <= max(batch_sizes))."""
+    return next(b for b in self.batch_sizes if b >= rows)
+
+  def decode(self, s: Settings, prompts: list[list[int]], tau: float | None, seed: int):
+    """One chunk: a Generation for `prompts` padded with one-token rows to a compiled
+    batch size (those rows are dropped from the result)."""
+    import contextlib
+
+    import jax
+
+    from cardjax.decoding.methods import Options, make_decoder
+
+    rows = len(prompts)
+    padded = list(prompts) + [[self.tokenizer.pad_id]] * (self.batch_size(rows) - rows)
+    stop_ids = self.tokenizer.stop_ids
+    if s.ignore_eos:  # ids no token has, as many: the same compiled program
+      stop_ids = (-1,) * len(stop_ids)
+    options = Options(max_new_tokens=self.chunk, stop_ids=stop_ids,
+                      pad_id=self.tokenizer.pad_id, temperature=s.temperature, top_p=s.top_p,
+                      seed=seed, tau=self.tau if tau is None else tau, block=s.block or 4,
+                      rule=s.rule, verify=s.verify)
+    decoder = make_decoder(s.method, self.model, self.objective, options)
+    with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
+      out = decoder(padded)
+    out.tokens, out.lengths = out.tokens[:rows], out.lengths[:rows]
+    return out
+
+  def warmup(self, max_width: int, log=None) -> int:
+    """Compile the default settings' decode call for every batch size and every prompt
+    width up to `max_width` (rounded up to the bucket) before serving, so the first
+    requests do not wait for compiles. Returns the number of shapes."""
+    from cardjax.decoding import prompts
+
+    bucket = prompts.BUCKET
+    widths = range(bucket, min(max_width, self.prompt_limit(self.default)) + bucket, bucket)
+    shapes = 0
+    for b in self.batch_sizes:
+      for w in widths:
+        if log:
+          log(f"cardjax serve: warm-up: batch {b}, width {w}")
+        self.decode(self.default, [[self.tokenizer.pad_id] * w] * b, None, 0)
+        shapes += 1
+    return shapes

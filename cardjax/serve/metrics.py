@@ -1,0 +1,65 @@
+"""The server's Prometheus metrics, in a registry of its own (served at /metrics)."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
+                               generate_latest)
+
+# Seconds: CPU decoding of small models spans milliseconds to minutes.
+BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300)
+WINDOW_S = 10.0  # tokens/s is measured over this many recent seconds
+
+
+class Metrics:
+  def __init__(self):
+    r = self.registry = CollectorRegistry()
+    self.requests = Counter("cardjax_requests", "Requests by final status "
+                            "(ok, bad_request, cancelled, error)", ["status"], registry=r)
+    self.tokens = Counter("cardjax_generated_tokens", "Tokens generated", registry=r)
+    self.forwards = Counter("cardjax_forwards", "Decode forwards (row-forwards of served "
+                            "requests)", registry=r)
+    self.tokens_per_s = Gauge("cardjax_tokens_per_second",
+                              f"Tokens generated per second over the last {WINDOW_S:g} s",
+                              registry=r)
+    self.tokens_per_forward = Gauge("cardjax_tokens_per_forward",
+                                    "Tokens per row-forward of the last decode chunk",
+                                    registry=r)
+    self.queue = Gauge("cardjax_queue_depth", "Requests waiting for a batch row", registry=r)
+    self.running = Gauge("cardjax_running_requests", "Requests in the decoding batch",
+                         registry=r)
+    self.tau = Gauge("cardjax_mars_tau", "The server's MARS tau (load-aware or fixed)",
+                     registry=r)
+    self.batch_rows = Histogram("cardjax_batch_rows", "Requests per decode call (before "
+                                "padding to a compiled batch size)",
+                                buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
+    self.ttft = Histogram("cardjax_time_to_first_token_seconds", "Arrival to first token",
+                          buckets=BUCKETS, registry=r)
+    self.latency = Histogram("cardjax_request_latency_seconds", "Arrival to last token",
+                             buckets=BUCKETS, registry=r)
+    self._recent: collections.deque = collections.deque()
+    self._lock = threading.Lock()
+
+  def generated(self, tokens: int, row_forwards: int) -> None:
+    """One decode chunk's tokens and row-forwards (rows x the chunk's forwards)."""
+    now = time.monotonic()
+    self.tokens.inc(tokens)
+    self.forwards.inc(row_forwards)
+    if row_forwards:
+      self.tokens_per_forward.set(tokens / row_forwards)
+    with self._lock:
+      self._recent.append((now, tokens))
+      self._rate(now)
+
+  def _rate(self, now: float) -> None:
+    while self._recent and self._recent[0][0] < now - WINDOW_S:
+      self._recent.popleft()
+    self.tokens_per_s.set(sum(n for _, n in self._recent) / WINDOW_S)
+
+  def render(self) -> bytes:
+    with self._lock:
+      self._rate(time.monotonic())  # decays to 0 when idle
+    return generate_latest(self.registry)

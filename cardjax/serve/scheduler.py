@@ -1,0 +1,192 @@
+"""Continuous batching at chunk granularity, on one decode thread.
+
+Every unfinished request sits in one pool. Between decode chunks (engine.py: at most
+`chunk` new tokens per row per call) the thread takes the oldest request's settings group
+and the oldest requests of that group, up to the largest compiled batch size, and decodes
+one chunk for them. Requests with other settings wait for a later chunk (they never share
+a call: a decode call has one tau, temperature, top_p and seed); a request sampling with
+its own seed decodes alone, so its tokens do not depend on its batch. A row is freed after
+the chunk in which its request hit a stop token or stop string, reached max_tokens or the
+context, or its client went away (the chunk it is in still finishes); the next chunk's
+batch refills it from the pool. Nothing is cached between chunks, so any request can join
+any chunk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+import time
+import traceback
+from typing import Callable
+
+from cardjax.serve.engine import Engine, Settings
+from cardjax.serve.metrics import Metrics
+from cardjax.serve.tau import TauControl
+from cardjax.serve.text import TextStream
+
+_ids = itertools.count()
+
+
+@dataclasses.dataclass(eq=False)
+class Job:
+  """One prompt being served. `sink(event)` is called on the decode thread with
+  {"type": "delta", "text"}, then one {"type": "done", ...} or {"type": "error", ...}."""
+  prompt: list[int]
+  settings: Settings
+  max_tokens: int
+  text: TextStream
+  sink: Callable[[dict], None]
+  arrived: float = dataclasses.field(default_factory=time.monotonic)
+  id: int = dataclasses.field(default_factory=lambda: next(_ids))
+  tokens: list = dataclasses.field(default_factory=list)
+  forwards: int = 0
+  taus: list = dataclasses.field(default_factory=list)
+  first_token: float | None = None
+  cancelled: bool = False  # set by the client's handler on disconnect
+
+  def group(self) -> tuple:
+    s = self.settings
+    return s.group() + ((s.seed, self.id) if s.seed is not None else ())
+
+
+class Scheduler:
+  def __init__(self, engine: Engine, metrics: Metrics, tau: TauControl):
+    self.engine, self.metrics, self.tau = engine, metrics, tau
+    self.max_batch = max(engine.batch_sizes)
+    self.pool: list[Job] = []
+    self.cond = threading.Condition()
+    self.stopping = False
+    self.running = 0
+    self._seeds = itertools.count(1)
+    self.thread = threading.Thread(target=self._loop, name="cardjax-decode", daemon=True)
+    metrics.tau.set(tau.tau)
+
+  def start(self) -> None:
+    self.thread.start()
+
+  def submit(self, job: Job) -> None:
+    with self.cond:
+      self.pool.append(job)
+      self.metrics.queue.set(len(self.pool) - self.running)
+      self.cond.notify()
+
+  def cancel(self, job: Job) -> None:
+    """The client went away: the job leaves the pool before the next chunk."""
+    with self.cond:
+      job.cancelled = True
+      self.cond.notify()
+
+  def stop(self) -> None:
+    """Finish every request in the pool, then end the thread (the SIGTERM drain)."""
+    with self.cond:
+      self.stopping = True
+      self.cond.notify()
+    self.thread.join()
+
+  def _take(self) -> tuple[list[Job], int] | None:
+    with self.cond:
+      while True:
+        for job in [j for j in self.pool if j.cancelled]:
+          self.pool.remove(job)
+          self.metrics.requests.labels("cancelled").inc()
+        if self.pool or self.stopping:
+          break
+        self.cond.wait()
+      if not self.pool:
+        return None
+      key = min(self.pool, key=lambda j: j.arrived).group()
+      batch = sorted((j for j in self.pool if j.group() == key),
+                     key=lambda j: j.arrived)[:self.max_batch]
+      self.running = len(batch)
+      waiting = len(self.pool) - len(batch)
+      self.metrics.running.set(len(batch))
+      self.metrics.queue.set(waiting)
+      return batch, waiting
+
+  def _loop(self) -> None:
+    while True:
+      taken = self._take()
+      if taken is None:
+        return
+      batch, waiting = taken
+      try:
+        self._chunk(batch, waiting)
+      except Exception as e:  # a bug or a device failure: fail this batch, keep serving
+        traceback.print_exc()
+        for job in batch:
+          self._finish(job, {"type": "error", "message": f"decoding failed: {e}"}, "error")
+
+  def _chunk(self, batch: list[Job], waiting: int) -> None:
+    s = batch[0].settings
+    tau = None
+    if s.method == "mars" and not s.verify:
+      tau = s.tau if s.tau is not None else self.tau.update(waiting)
+      self.metrics.tau.set(self.tau.tau)
+    if s.seed is not None:  # reproducible: the seed and the chunk's index
+      seed = (s.seed * 1_000_003 + len(batch[0].taus)) % 2**31
+    else:
+      seed = next(self._seeds)
+    out = self.engine.decode(s, [j.prompt + j.tokens for j in batch], tau, seed)
+    now = time.monotonic()
+    stop_ids = set() if s.ignore_eos else set(self.engine.tokenizer.stop_ids)
+    made = 0
+    for job, row in zip(batch, out.rows()):
+      if job.cancelled:  # its client left during the chunk: free the row now
+        with self.cond:
+          self.pool.remove(job)
+        self.metrics.requests.labels("cancelled").inc()
+        continue
+      row = row[:job.max_tokens - len(job.tokens)]
+      made += len(row)
+      job.tokens += row
+      job.forwards += out.forwards
+      job.taus.append(tau)
+      if row and job.first_token is None:
+        job.first_token = now
+        self.metrics.ttft.observe(now - job.arrived)
+      reason = None
+      if row and row[-1] in stop_ids:
+        reason = "stop"
+      elif (len(job.tokens) >= job.max_tokens or
+            len(job.prompt) + len(job.tokens) > self.engine.prompt_limit(s)):
+        reason = "length"
+      delta, hit = job.text.update(job.tokens, final=reason is not None)
+      reason = "stop" if hit else reason
+      if delta:
+        job.sink({"type": "delta", "text": delta})
+      if reason:
+        self._finish(job, self._done(job, reason), "ok")
+    self.metrics.generated(made, out.forwards * len(batch))
+    self.metrics.batch_rows.observe(len(batch))
+    with self.cond:
+      self.running = 0
+      self.metrics.running.set(0)
+      self.metrics.queue.set(len(self.pool))
+
+  def _done(self, job: Job, reason: str) -> dict:
+    s = job.settings
+    taus = [t for t in job.taus if t is not None]
+    extension = {"method": s.method, "forwards": job.forwards,
+                 "tokens_per_forward": round(len(job.tokens) / max(job.forwards, 1), 4),
+                 "chunks": len(job.taus)}
+    if s.method == "mars":
+      extension.update(block=s.block, verify=s.verify)
+      if taus:
+        extension.update(tau=taus[-1], tau_mean=round(sum(taus) / len(taus), 6),
+                         rule=s.rule)
+    return {"type": "done", "finish_reason": reason, "text": job.text.text,
+            "prompt_tokens": len(job.prompt), "completion_tokens": len(job.tokens),
+            "cardjax": extension}
+
+  def _finish(self, job: Job, event: dict, status: str) -> None:
+    with self.cond:
+      if job in self.pool:
+        self.pool.remove(job)
+    latency = time.monotonic() - job.arrived
+    if status == "ok":
+      self.metrics.latency.observe(latency)
+      self.tau.finished(latency)
+    self.metrics.requests.labels(status).inc()
+    job.sink(event)

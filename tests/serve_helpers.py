@@ -1,0 +1,88 @@
+"""A tiny MARS-run checkpoint and a `cardjax serve` subprocess on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+import orbax.checkpoint as ocp
+import portpicker
+from flax import nnx
+
+from cardjax import checkpoint
+from cardjax.config import base_config
+from cardjax.data.tokenizer import train_bpe
+from cardjax.model import ModelConfig, create_model
+
+TEXTS = ["alpha beta gamma delta epsilon", "one two three four five six"] * 20
+
+
+def mars_run(root, block: int = 4, context: int = 128):
+  """A checkpoint as a MARS training run saves it (objective mars, block_size B), random
+  weights with initializer_range 0.3: peaked logits, so greedy paths are far from ties."""
+  tok = train_bpe(TEXTS, 300, root / "tok")
+  model = create_model(ModelConfig(vocab_size=320, hidden_size=32, intermediate_size=64,
+                                   num_layers=2, num_heads=4, num_kv_heads=2,
+                                   initializer_range=0.3, max_position_embeddings=context,
+                                   mask_token_id=tok.mask_id, eos_token_id=tok.eos_id),
+                       seed=3)
+  return save_mars_run(model, block, root / "run", root / "tok")
+
+
+def save_mars_run(model, block: int, run, tokenizer_dir):
+  """`model` saved in `run`/checkpoints as a MARS training run saves it (params, model
+  config, a run config with objective mars and block_size), with the tokenizer's files:
+  no training needed to read its settings. Returns `run`."""
+  config = base_config()
+  config.objective.name = "mars"
+  config.objective.block_size = block
+  ckpt = run / "checkpoints"
+  with checkpoint.manager(ckpt) as mngr:
+    mngr.save(0, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(nnx.to_pure_dict(nnx.state(model, nnx.Param))),
+        model_config=ocp.args.JsonSave(model.cfg.to_dict()),
+        config=ocp.args.JsonSave(config.to_dict())))
+    mngr.wait_until_finished()
+  checkpoint.copy_assets(ckpt, tokenizer_dir)
+  return run
+
+
+def server_env() -> dict:
+  """The test environment less conftest's 8 simulated devices: the server decodes on one."""
+  env = dict(os.environ)
+  flags = env.get("XLA_FLAGS", "").replace("--xla_force_host_platform_device_count=8", "")
+  env["XLA_FLAGS"] = flags.strip()
+  return env
+
+
+def start_server(run, *args: str, timeout: float = 180.0):
+  """(process, base url) of `cardjax serve` on `run`, once /health answers."""
+  port = portpicker.pick_unused_port()
+  proc = subprocess.Popen([sys.executable, "-m", "cardjax.cli", "serve", "--checkpoint",
+                           str(run), "--port", str(port), *args], env=server_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  url = f"http://127.0.0.1:{port}"
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if proc.poll() is not None:
+      raise RuntimeError(f"cardjax serve exited with {proc.returncode}:\n{proc.stdout.read()}")
+    try:
+      with urllib.request.urlopen(url + "/health", timeout=1) as r:
+        if r.status == 200:
+          return proc, url
+    except OSError:
+      time.sleep(0.3)
+  proc.kill()
+  raise RuntimeError(f"cardjax serve did not answer within {timeout}s:\n{proc.stdout.read()}")
+
+
+def metric(url: str, name: str) -> float:
+  """A sample's value from /metrics (name with its labels, as Prometheus prints it)."""
+  with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+    for line in r.read().decode().splitlines():
+      if line.startswith(name + " "):
+        return float(line.split()[-1])
+  return 0.0

@@ -1,0 +1,187 @@
+"""`cardjax serve` end to end: one server subprocess on a tiny MARS-run checkpoint, talked
+to with the openai client. Its greedy tokens equal the decoders called in-process, batched
+requests with different settings do not mix, bad requests get 4xx and the server keeps
+serving, a client that leaves mid-stream frees its row."""
+
+import concurrent.futures
+import json
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+from serve_helpers import mars_run, metric, start_server
+
+from cardjax import checkpoint
+from cardjax.decoding.methods import Options, make_decoder
+
+CHUNK = 8
+PROMPTS = ["alpha beta", "one two three", "gamma", "five six alpha delta epsilon"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+  run = mars_run(tmp_path_factory.mktemp("serve"))
+  proc, url = start_server(run, "--method", "mars", "--tau", "0.9", "--batch-sizes", "1,4",
+                           "--chunk", str(CHUNK), "--max-tokens", "12")
+  yield run, url
+  proc.kill()
+  proc.wait()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+  return openai.OpenAI(base_url=server[1] + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def reference(server):
+  """decode(method, prompt_text, max_tokens, **options) -> (text, n tokens) from the
+  decoders in this process, on the server's checkpoint."""
+  model, _ = checkpoint.restore_model(server[0] / "checkpoints")
+  tok = checkpoint.load_tokenizer(server[0] / "checkpoints", model.cfg)
+
+  def decode(method, text, max_tokens, chat=False, **knobs):
+    if chat:
+      text = tok.render_chat([{"role": "user", "content": text}], add_generation_prompt=True)
+    options = Options(max_new_tokens=max_tokens, stop_ids=tok.stop_ids, pad_id=tok.pad_id,
+                      block=4, **knobs)
+    row = make_decoder(method, model, "mars", options)([tok.encode(text)]).rows()[0]
+    return tok.decode(row, skip_special=True), len(row)
+  return decode
+
+
+def test_completions_equal_the_decoders(client, reference):
+  assert [m.id for m in client.models.list().data] == ["run"]
+  # AR over two chunks (12 > CHUNK: a refilled row), MARS within one, verify over two.
+  for extra, method, knobs, n in (({"method": "ar"}, "ar", {}, 12),
+                                  ({}, "mars", {"tau": 0.9}, CHUNK),
+                                  ({"tau": 0.5}, "mars", {"tau": 0.5}, CHUNK),
+                                  ({"verify": True}, "ar", {}, 12)):
+    r = client.completions.create(model="run", prompt=PROMPTS[0], max_tokens=n,
+                                  temperature=0, extra_body=extra)
+    text, tokens = reference(method, PROMPTS[0], n, **knobs)
+    assert (r.choices[0].text, r.usage.completion_tokens) == (text, tokens), extra
+    assert r.usage.prompt_tokens == 2 and r.usage.forwards >= 1
+    info = r.model_extra["cardjax"][0]
+    assert info["method"] == ("ar" if extra.get("method") == "ar" else "mars")
+    if extra.get("tau") == 0.5:
+      assert info["tau"] == 0.5 and info["block"] == 4
+    if not extra:
+      assert info["tau"] == 0.9  # the server's --tau
+
+
+def test_chat_and_streaming(client, reference):
+  messages = [{"role": "user", "content": PROMPTS[1]}]
+  whole = client.chat.completions.create(model="run", messages=messages, max_tokens=12,
+                                         extra_body={"method": "ar"})
+  assert (whole.choices[0].message.content, whole.usage.completion_tokens) == \
+      reference("ar", PROMPTS[1], 12, chat=True)
+  events = list(client.chat.completions.create(
+      model="run", messages=messages, max_tokens=12, stream=True,
+      stream_options={"include_usage": True}, extra_body={"method": "ar"}))
+  assert events[0].choices[0].delta.role == "assistant"
+  assert "".join(e.choices[0].delta.content or "" for e in events if e.choices) == \
+      whole.choices[0].message.content
+  ends = [e.choices[0].finish_reason for e in events if e.choices and
+          e.choices[0].finish_reason]
+  assert ends == [whole.choices[0].finish_reason]
+  assert events[-1].usage.completion_tokens == whole.usage.completion_tokens
+  # Completions streamed with MARS: the same text as not streamed.
+  args = dict(model="run", prompt=PROMPTS[3], max_tokens=CHUNK, extra_body={"tau": 0.7})
+  text = client.completions.create(**args).choices[0].text
+  assert "".join(e.choices[0].text for e in client.completions.create(stream=True, **args)) \
+      == text
+
+
+def test_concurrent_requests_batch_without_mixing_settings(client, reference, server):
+  rows_before = metric(server[1], "cardjax_batch_rows_sum")
+  calls_before = metric(server[1], "cardjax_batch_rows_count")
+
+  def ask(i):
+    if i % 3 == 2:  # sampled rows between greedy ones: their own decode calls
+      return client.completions.create(model="run", prompt=PROMPTS[i % 4], max_tokens=10,
+                                        temperature=1.0, top_p=0.9, seed=i,
+                                        extra_body={"method": "ar"})
+    return client.completions.create(model="run", prompt=PROMPTS[i % 4], max_tokens=10,
+                                      extra_body={"method": "ar"})
+  with concurrent.futures.ThreadPoolExecutor(9) as pool:
+    out = list(pool.map(ask, range(9)))
+  for i, r in enumerate(out):
+    if i % 3 != 2:
+      assert r.choices[0].text == reference("ar", PROMPTS[i % 4], 10)[0], i
+  rows = metric(server[1], "cardjax_batch_rows_sum") - rows_before
+  calls = metric(server[1], "cardjax_batch_rows_count") - calls_before
+  assert rows / calls > 1.0  # some decode calls held several requests
+  # A seeded sampled request is reproducible (it decodes alone, whatever else is queued).
+  again = client.completions.create(model="run", prompt=PROMPTS[2 % 4], max_tokens=10,
+                                    temperature=1.0, top_p=0.9, seed=2,
+                                    extra_body={"method": "ar"})
+  assert again.choices[0].text == out[2].choices[0].text
+
+
+def _post(url, body: bytes):
+  request = urllib.request.Request(url + "/v1/completions", data=body,
+                                   headers={"Content-Type": "application/json"})
+  try:
+    with urllib.request.urlopen(request, timeout=30) as r:
+      return r.status, json.loads(r.read())
+  except urllib.error.HTTPError as e:
+    return e.code, json.loads(e.read())
+
+
+def test_bad_requests_get_4xx_and_the_server_keeps_serving(client, server):
+  url = server[1]
+  status, body = _post(url, b'{"model": "run", "prompt": ')
+  assert status == 400 and "not valid JSON" in body["error"]["message"]
+  cases = [({"model": "gpt-4", "prompt": "a"}, 404, "model 'gpt-4' does not exist"),
+           ({"model": "run", "prompt": "alpha " * 200}, 400, "more than the"),
+           ({"model": "run", "prompt": "a", "max_tokens": 0}, 400, "max_tokens=0 must be >= 1"),
+           ({"model": "run", "prompt": "a", "method": "card"}, 400,
+            "cannot serve --method card; methods that fit: ar, mars"),
+           ({"model": "run", "prompt": "a", "tau": 1.5}, 400, "tau=1.5 must lie in [0, 1]"),
+           ({"model": "run", "prompt": "a", "verify": True, "temperature": 0.5}, 400,
+            "verify decodes exactly AR greedy"),
+           ({"model": "run", "prompt": 7}, 400, "prompt must be")]
+  for body, code, message in cases:
+    status, answer = _post(url, json.dumps(body).encode())
+    assert status == code and message in answer["error"]["message"], (body, answer)
+    assert answer["error"]["type"] == "invalid_request_error"
+  with pytest.raises(openai.BadRequestError, match="max_tokens=-3"):
+    client.completions.create(model="run", prompt="a", max_tokens=-3)
+  assert client.completions.create(model="run", prompt="a", max_tokens=3).usage.completion_tokens
+  assert metric(url, 'cardjax_requests_total{status="bad_request"}') >= len(cases) + 2
+
+
+def test_stop_strings_end_the_text(client):
+  full = client.completions.create(model="run", prompt=PROMPTS[0], max_tokens=12,
+                                   extra_body={"method": "ar"}).choices[0].text
+  cut = full[3:5]
+  r = client.completions.create(model="run", prompt=PROMPTS[0], max_tokens=12, stop=[cut],
+                                extra_body={"method": "ar"})
+  assert r.choices[0].text == full[:full.find(cut)] and r.choices[0].finish_reason == "stop"
+
+
+def test_a_client_leaving_mid_stream_frees_its_row(server):
+  import httpx2
+
+  url = server[1]
+  cancelled = metric(url, 'cardjax_requests_total{status="cancelled"}')
+  body = {"model": "run", "prompt": PROMPTS[0], "max_tokens": 100, "stream": True,
+          "method": "ar", "ignore_eos": True}  # 100 tokens: it cannot end by itself soon
+  with httpx2.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+    for line in r.iter_lines():
+      if line.startswith("data: "):
+        break  # the first chunk arrived; hang up
+  deadline = time.monotonic() + 60
+  while time.monotonic() < deadline:
+    if metric(url, 'cardjax_requests_total{status="cancelled"}') > cancelled and \
+        metric(url, "cardjax_running_requests") == 0 and \
+        metric(url, "cardjax_queue_depth") == 0:
+      break
+    time.sleep(0.2)
+  else:
+    pytest.fail("the abandoned stream's request was not cancelled")
+  text = metric(url, "cardjax_generated_tokens_total")
+  assert text > 0 and metric(url, "cardjax_time_to_first_token_seconds_count") > 0
