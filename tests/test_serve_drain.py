@@ -16,14 +16,18 @@ from cardjax.serve.text import TextStream
 
 
 def test_sigterm_drains_in_flight_requests(tmp_path):
-  proc, url = start_server(mars_run(tmp_path), "--batch-sizes", "1", "--chunk", "4")
+  # Batch size 1 and one token per decode call: the second request waits behind the
+  # first for 64 decode calls, long enough to be seen in flight by the polling below
+  # (with --chunk 4 and 24 tokens the first could finish between two polls on a busy
+  # machine, and the test then timed out).
+  proc, url = start_server(mars_run(tmp_path), "--batch-sizes", "1", "--chunk", "1")
   try:
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
     client.completions.create(model="run", prompt="alpha", max_tokens=4)  # compiled
     out = {}
 
     def ask(name, prompt):
-      out[name] = client.completions.create(model="run", prompt=prompt, max_tokens=24,
+      out[name] = client.completions.create(model="run", prompt=prompt, max_tokens=64,
                                             extra_body={"ignore_eos": True})
     threads = [threading.Thread(target=ask, args=(n, p))
                for n, p in (("a", "alpha beta"), ("b", "one two"))]
@@ -37,7 +41,7 @@ def test_sigterm_drains_in_flight_requests(tmp_path):
     for t in threads:
       t.join(120)
     assert proc.wait(120) in (0, -signal.SIGTERM)
-    assert [out[n].usage.completion_tokens for n in "ab"] == [24, 24]
+    assert [out[n].usage.completion_tokens for n in "ab"] == [64, 64]
     assert all(out[n].choices[0].finish_reason == "length" for n in "ab")
   finally:
     proc.kill()
