@@ -118,6 +118,11 @@ def test_sft_packing_and_overflow(tok, caplog):
   with caplog.at_level("WARNING", logger="cardjax.data"):
     assert list(make_dataset(CHATS, tok, tight, 0, 1)) == []
   assert "conversations dropped" in caplog.text
+  # Repeated without end, a split that drops everything is an error, not an endless search.
+  endless = PipelineSpec(mode="sft", seq_len=16, batch_size=2, num_epochs=0, packing=False,
+                         sft_overflow="drop")
+  with pytest.raises(CardjaxError, match="every conversation of the split is dropped"):
+    next(iter(make_dataset(CHATS, tok, endless, 0, 1)))
 
 
 @pytest.mark.parametrize("mode,source,workers", [("pretrain", TEXT_SOURCE, 0),

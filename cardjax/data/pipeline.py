@@ -131,10 +131,24 @@ class ChatRow(grain_exp.FlatMapTransform):
   MARS blocks of a response are whole. A dropped conversation gives an empty list.
   """
 
-  def __init__(self, tokenizer: Tokenizer, spec: PipelineSpec):
+  def __init__(self, tokenizer: Tokenizer, spec: PipelineSpec, epoch_size: int = 0):
     self.tokenizer, self.spec = tokenizer, spec
+    # A repeated split whose every conversation is dropped would make the pipeline look for
+    # a row forever: after more consecutive drops than the split holds, nothing can come.
+    self.epoch_size, self.dropped_in_a_row = epoch_size, 0
 
   def flat_map(self, example):
+    rows = self._rows(example)
+    self.dropped_in_a_row = 0 if rows else self.dropped_in_a_row + 1
+    if self.epoch_size and self.dropped_in_a_row > self.epoch_size:
+      raise CardjaxError(
+          f"every conversation of the split is dropped: none fits data.seq_len="
+          f"{self.spec.seq_len} with a response token left (data.sft_overflow="
+          f"{self.spec.sft_overflow!r}); raise data.seq_len, set data.sft_overflow=truncate, "
+          "or use a split with shorter conversations")
+    return rows
+
+  def _rows(self, example):
     import json
 
     messages = example["messages"]
@@ -233,7 +247,7 @@ def make_dataset(source, tokenizer: Tokenizer, spec: PipelineSpec,
                                       SplitLong(spec.seq_len))
     features = ("tokens",)
   else:
-    it = grain_exp.FlatMapIterDataset(it, ChatRow(tokenizer, spec))
+    it = grain_exp.FlatMapIterDataset(it, ChatRow(tokenizer, spec, len(source)))
     features = ("tokens", "loss_mask")
   if spec.packing:
     it = grain_exp.FirstFitPackIterDataset(
