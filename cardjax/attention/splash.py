@@ -65,7 +65,8 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 from jax.sharding import PartitionSpec as P
 
 from cardjax.attention.masks import CLEAN, NOISY, MaskSpec
-from cardjax.attention.structured import TWO_STREAM_KINDS, layout_problems as stream_problems
+from cardjax.attention.structured import TWO_STREAM_KINDS, is_concrete
+from cardjax.attention.structured import layout_problems as stream_problems
 
 BLOCK_KINDS = ("dual_stream", "bd3lm", "block_causal")
 LANES = 128  # splash tiles are multiples of the TPU lane width
@@ -159,10 +160,6 @@ def check_layout(spec: MaskSpec, q_meta, k_meta):
         "multiple of the block size (the SFT pipeline does) or use attention_impl=xla")
 
 
-def _is_concrete(tree) -> bool:
-  return not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
-
-
 def _tile(length: int, want: int) -> int:
   """The largest multiple of 128 that divides `length` (a multiple of 128) and is <= want."""
   t = max(LANES, min(want, length) // LANES * LANES)
@@ -242,7 +239,7 @@ def splash_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret: bool
   if reason:
     raise ValueError(f"splash attention cannot serve this call: {reason}; use "
                      "attention_impl=xla")
-  if _is_concrete((q_meta, k_meta)):
+  if is_concrete((q_meta, k_meta)):
     check_layout(spec, q_meta, k_meta)
   for name, blk in (("block_q", block_q), ("block_kv", block_kv)):
     if blk is not None and (blk < LANES or blk % LANES):

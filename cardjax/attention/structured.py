@@ -110,7 +110,8 @@ def check_layout(spec: MaskSpec, q_meta, k_meta):
                      f"contract (see cardjax/attention/structured.py): {'; '.join(problems)}")
 
 
-def _is_concrete(tree) -> bool:
+def is_concrete(tree) -> bool:
+  """Whether no leaf is a tracer: the layout checks read the metadata only then."""
   return not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
 
 
@@ -153,7 +154,7 @@ def structured_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, scale: float |
                      f"length [clean/noisy halves]; got q length {t}, k length {k.shape[1]}")
   if h % kvh:
     raise ValueError(f"{h} query heads are not a multiple of {kvh} kv heads")
-  if _is_concrete((q_meta, k_meta)):
+  if is_concrete((q_meta, k_meta)):
     check_layout(spec, q_meta, k_meta)
   scale = d ** -0.5 if scale is None else scale
   l, g = t // 2, h // kvh

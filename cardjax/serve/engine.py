@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from pathlib import Path
 
 from cardjax.errors import CardjaxError
 
@@ -78,20 +77,15 @@ class Engine:
   @classmethod
   def load(cls, checkpoint: str, tokenizer: str = "", objective: str = "", name: str = "",
            mesh=None, **kwargs) -> "Engine":
-    """Restore like `cardjax generate` does: the run's objective decides the methods."""
-    from cardjax import checkpoint as ckpt
+    """Restore as `cardjax generate` does (cardjax.restore.load_run): the run's objective
+    decides the methods; the model's name is the run folder's."""
+    from cardjax.restore import load_run
 
-    root = Path(checkpoint)
-    if not root.exists():
-      raise CardjaxError(f"--checkpoint {root} does not exist: give a run folder or its "
-                         "checkpoints/")
-    root = root / "checkpoints" if (root / "checkpoints").is_dir() else root
-    run_config = ckpt.read_run_config(root)
-    objective = objective or (run_config or {}).get("objective", {}).get("name")
-    model, _ = ckpt.restore_model(root, mesh=mesh)
-    tok = ckpt.load_tokenizer(root, model.cfg, tokenizer)
+    run = load_run(checkpoint, mesh=mesh, tokenizer=tokenizer, objective=objective)
+    root = run.root
     name = name or (root.parent.name if root.name == "checkpoints" else root.name)
-    return cls(model, tok, objective, run_config, name, mesh=mesh, **kwargs)
+    return cls(run.model, run.tokenizer, run.objective, run.run_config, name, mesh=mesh,
+               **kwargs)
 
   def settings(self, ext: dict, temperature: float = 0.0, top_p: float = 1.0,
                seed: int | None = None) -> Settings:
