@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 import cardjax.attention as attn
-from cardjax.attention import MaskSpec, select
+from cardjax.attention import CAUSAL, MaskSpec, select
 from cardjax.attention.select import AttentionImplError, choose
 from cardjax.errors import ConfigError
 from cardjax.model import ModelConfig
@@ -167,8 +167,8 @@ def test_config_accepts_the_five_names():
 
 def test_model_with_auto_and_interpreted_splash_equals_xla(monkeypatch, caplog):
   """The decoder's forward (training path) with auto (-> xla on CPU) and with splash in
-  interpret mode gives xla's logits on real tokens; the cached forward runs xla's
-  cache_attention for every impl and logs it."""
+  interpret mode gives xla's logits on real tokens; splash's cached forward runs xla's
+  cache_attention (no TPU kernel reads the cache's layout) and says so in the log."""
   from cardjax.model import create_model
 
   caplog.set_level(logging.INFO, logger="cardjax.attention")
@@ -193,5 +193,34 @@ def test_model_with_auto_and_interpreted_splash_equals_xla(monkeypatch, caplog):
   want, _ = create_model(ModelConfig(**base), seed=0).forward_cached(
       tokens[:, :8], KVCache.create(model.cfg, 1, 32))
   np.testing.assert_array_equal(np.asarray(logits), np.asarray(want))
-  assert any("cached decoding forwards run xla cache_attention" in r.getMessage()
-             for r in caplog.records)
+  assert any("cached decoding forwards run xla" in r.getMessage()
+             and "attention_impl=splash" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("impl, platform, interpret, head_dim, want", [
+    ("xla", "gpu", False, 64, "xla"),
+    ("auto", "cpu", False, 64, "xla"),
+    ("auto", "tpu", False, 64, "xla"),
+    ("auto", "gpu", False, 64, "pallas_decode"),
+    ("auto", "gpu", False, 24, "xla"),  # a head dim the kernel does not tile
+    ("splash", "tpu", False, 64, "xla"),
+    ("pallas_gpu", "gpu", False, 64, "pallas_decode"),
+    ("pallas_gpu", "cpu", True, 64, "pallas_decode"),
+    ("cudnn", "gpu", False, 128, "pallas_decode"),
+])
+def test_cached_forward_path(impl, platform, interpret, head_dim, want):
+  spec = MaskSpec("dual_stream", 4)
+  got = select.cached_choose(impl, spec, (2, 8, 4, head_dim), 100, jnp.bfloat16,
+                             platform=platform, interpret=interpret)
+  assert got == want
+
+
+@pytest.mark.parametrize("impl, platform, head_dim, match", [
+    ("pallas_gpu", "cpu", 64, r"pallas_decode, a GPU kernel; this is CPU.*INTERPRET"),
+    ("cudnn", "tpu", 64, r"this is TPU"),
+    ("pallas_gpu", "gpu", 24, r"head_dim 24"),
+])
+def test_cached_forward_kernel_that_cannot_serve_is_an_error(impl, platform, head_dim, match):
+  with pytest.raises(AttentionImplError, match=match + r".*attention_impl=xla"):
+    select.cached_choose(impl, CAUSAL, (1, 1, 4, head_dim), 64, platform=platform,
+                         interpret=False)

@@ -184,17 +184,71 @@ def run(chosen: str, q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret: bool
   return cudnn_attention(q, k, v, spec, q_meta, k_meta)
 
 
-def cached_path(impl: str) -> str:
-  """What the KV-cache forward (decoding: prefill and steps) runs for `impl`: always
-  xla's cache_attention. Its keys sit in the cache's [b, kv_heads, slots, d] layout with
-  a few queries over many slots, a memory-bound read the kernels' [b, T, h, d]
-  self-attention does not serve; logged once per impl so no run is surprised."""
+# The cached forward's path per implementation: the kernel that reads the cache's layout
+# ([b, kv_heads, slots, d], a few queries over many slots) on each platform, or xla.
+CACHED_KERNEL = {"pallas_gpu": "pallas_decode", "cudnn": "pallas_decode"}
+
+
+def _pallas_decode():
+  try:
+    from cardjax.attention import pallas_decode
+  except ImportError as e:
+    raise AttentionImplError(f"cardjax/attention/pallas_decode.py cannot be imported ({e}); "
+                             f"{FIX}") from None
+  return pallas_decode
+
+
+def cached_choose(impl: str, spec: MaskSpec, q_shape, slots: int, dtype=jnp.float32, *,
+                  platform: str | None = None, interpret: bool | None = None) -> str:
+  """The path of a KV-cache forward (decoding's prefill and steps: q [b, tq, h, d] over
+  `slots` cache slots) for `model.attention_impl`:
+
+    xla                          xla's cache_attention
+    pallas_gpu, cudnn            pallas_decode (the flash-decoding kernel over the cache's
+                                 layout; cuDNN has none for it), an error where it cannot
+                                 serve the call
+    auto                         pallas_decode on GPU where it serves the call, else xla
+    splash                       xla: no TPU kernel reads the cache's layout yet (logged)
+
+  Logged once per distinct choice, as `choose` does."""
   if impl not in IMPLEMENTATIONS:
     raise AttentionImplError(f"unknown attention implementation {impl!r}; expected one of "
                              f"{IMPLEMENTATIONS}")
-  key = ("cached", impl)
-  if key not in _logged and impl != "xla":
+  platform = platform or current_platform()
+  interpret = interpret_requested(interpret)
+  q_len, head_dim = q_shape[1], q_shape[-1]
+  chosen, note = "xla", ""
+  if impl in CACHED_KERNEL:
+    reason = None
+    if platform != "gpu" and not interpret:
+      reason = (f"its cached forwards run pallas_decode, a GPU kernel; this is "
+                f"{platform.upper()} (or interpret mode, slow: {INTERPRET_ENV}=1)")
+    reason = reason or _pallas_decode().unsupported_reason(spec, q_len, slots, head_dim)
+    if reason:
+      raise AttentionImplError(f"attention_impl={impl} cannot serve the cached {spec.kind} "
+                               f"forward of {q_len} queries over {slots} slots, head_dim "
+                               f"{head_dim}: {reason}; {FIX}")
+    chosen = CACHED_KERNEL[impl]
+  elif impl == "auto" and platform == "gpu":
+    if _pallas_decode().unsupported_reason(spec, q_len, slots, head_dim) is None:
+      chosen = "pallas_decode"
+  elif impl == "splash":
+    note = " (no TPU kernel reads the KV cache's layout yet)"
+  key = ("cached", impl, chosen, spec.kind, platform, interpret and chosen != "xla")
+  if key not in _logged:
     _logged.add(key)
-    log.info("attention: cached decoding forwards run xla cache_attention "
-             "(attention_impl=%s serves training and un-cached forwards)", impl)
-  return "xla"
+    mode = " (interpret mode)" if key[-1] else ""
+    log.info("attention: cached decoding forwards run %s for %s masks on %s%s "
+             "(attention_impl=%s)%s", chosen, spec.kind, platform, mode, impl, note)
+  return chosen
+
+
+def cached_run(chosen: str, q, k, v, spec: MaskSpec, q_meta, k_meta, *,
+               interpret: bool | None = None):
+  """Call the path `cached_choose` returned (k, v in the cache's layout)."""
+  if chosen == "pallas_decode":
+    return _pallas_decode().pallas_decode_attention(
+        q, k, v, spec, q_meta, k_meta, interpret=True if interpret_requested(interpret)
+        else None)
+  from cardjax.attention.reference import cache_attention
+  return cache_attention(q, k, v, spec, q_meta, k_meta)

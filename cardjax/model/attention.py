@@ -74,10 +74,8 @@ class Attention(nnx.Module):
     v_all = write_slots(v_all, v.transpose(0, 2, 1, 3).astype(v_all.dtype), index, layer)
     k_layer = jax.lax.dynamic_index_in_dim(k_all, layer, keepdims=False)
     v_layer = jax.lax.dynamic_index_in_dim(v_all, layer, keepdims=False)
-    # Every attention_impl runs the cache forward as xla's cache_attention (the kernels
-    # serve [b, T, h, d] self-attention, not a few queries over the cache's slot layout);
-    # select.cached_path says so in the log once (docs/attention.md).
-    select.cached_path(self.impl)
-    ctx = attn_lib.cache_attention(q, k_layer.astype(q.dtype), v_layer.astype(q.dtype), spec,
-                                   meta, k_meta)
+    # The path is the impl's cache kernel or xla (select.cached_choose, logged once).
+    k_layer, v_layer = k_layer.astype(q.dtype), v_layer.astype(q.dtype)
+    chosen = select.cached_choose(self.impl, spec, q.shape, k_layer.shape[2], q.dtype)
+    ctx = select.cached_run(chosen, q, k_layer, v_layer, spec, meta, k_meta)
     return self.output(ctx), k_all, v_all
