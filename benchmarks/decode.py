@@ -1,6 +1,7 @@
 """Decoding speed and quality of every method against AR with a KV cache, in one run.
 
   python benchmarks/decode.py [--workdir runs/bench_decode] [--quick] [--no-train]
+      [--tasks arith,code] [--seeds 0,1,2] [--train-jobs 2]
 
 1. Builds arith_sft and python_stdlib and trains the models of configs/decode_bench.py
    (sft, then mars from it; ar, card, card_half, mdlm), reusing finished runs.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -110,22 +112,70 @@ def plot(rows: list[dict], path: Path) -> None:
   fig.savefig(path, dpi=120)
 
 
-def inputs(workdir: Path, loaded: dict, n_arith: int, n_code: int, code: bool) -> dict:
+def inputs(workdir: Path, loaded: dict, n_arith: int, n_code: int, arith: bool,
+           code: bool) -> dict:
   """The prompt sets, saved as plain ids in workdir/inputs.json on first use and read back
   after: a machine without the datasets (or with another Python, whose stdlib corpus
-  differs) decodes exactly the same prompts."""
+  differs) decodes exactly the same prompts. A set a run does not need is not built (its
+  model may not be trained), and a saved file lacking a needed set is extended."""
   path = workdir / "inputs.json"
-  if path.is_file():
-    saved = json.loads(path.read_text())
-    if (len(saved["arith"]["prompts"]) >= n_arith
-        and (not code or len(saved["code"]["prompts"]) >= n_code)):
-      return {"arith": {k: v[:n_arith] for k, v in saved["arith"].items()},
-              "code": {"prompts": saved["code"]["prompts"][:n_code]}}
-  sets = {"arith": suite.arith_inputs(loaded["sft"], n_arith),
-          "code": suite.code_inputs(loaded["ar"], n_code, PROMPT_LEN) if code else
-          {"prompts": []}}
-  path.write_text(json.dumps(sets) + "\n")
-  return sets
+  saved = json.loads(path.read_text()) if path.is_file() else {}
+  have = {"arith": len(saved.get("arith", {}).get("prompts", [])),
+          "code": len(saved.get("code", {}).get("prompts", []))}
+  sets = {"arith": saved.get("arith", {"prompts": [], "answers": []}),
+          "code": saved.get("code", {"prompts": []})}
+  changed = False
+  if arith and have["arith"] < n_arith:
+    sets["arith"], changed = suite.arith_inputs(loaded["sft"], n_arith), True
+  if code and have["code"] < n_code:
+    sets["code"], changed = suite.code_inputs(loaded["ar"], n_code, PROMPT_LEN), True
+  if changed:
+    path.write_text(json.dumps(sets) + "\n")
+  return {"arith": {k: v[:n_arith] for k, v in sets["arith"].items()},
+          "code": {"prompts": sets["code"]["prompts"][:n_code]}}
+
+
+def prepare_data(data_dir: Path, names) -> None:
+  """Build the datasets the models of `names` train on (a no-op when built)."""
+  for name in names:
+    prepare(load_config(f"configs/decode_bench.py:{name}",
+                        [f"--config.data.data_dir={data_dir}"]))
+
+
+def train_in_jobs(jobs: int, seeds: list[int], argv: list[str]) -> None:
+  """Train the seeds in `jobs` processes at once, each `decode.py --train-only` for its
+  share of the seeds (round robin) with one XLA CPU thread, pinned to its own core where
+  the OS allows. The models are small: one forward does not keep 2 cores busy, and two
+  single-thread trainings on 2 cores finish in ~0.7x the time of one after the other."""
+  import os
+  import subprocess
+  import sys
+
+  cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+  skip = {"--train-jobs", "--seeds"}
+  rest, i = [], 0
+  while i < len(argv):  # the parent's flags less the two this splits
+    flag = argv[i].split("=")[0]
+    if flag in skip:
+      i += 1 if "=" in argv[i] else 2
+      continue
+    rest.append(argv[i])
+    i += 1
+  env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " "
+             "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip())
+  procs = []
+  for j in range(jobs):
+    share = seeds[j::jobs]
+    if not share:
+      continue
+    cmd = [sys.executable, __file__, *rest, "--train-only",
+           "--seeds", ",".join(map(str, share))]
+    pin = (lambda c=cores[j % len(cores)]: os.sched_setaffinity(0, {c})) if cores else None
+    print(f"== train job {j}: seeds {share}", flush=True)
+    procs.append(subprocess.Popen(cmd, env=env, preexec_fn=pin))
+  failed = [p.args for p in procs if p.wait() != 0]
+  if failed:
+    raise SystemExit(f"a training job failed: {failed[0]}")
 
 
 def main() -> None:
@@ -144,6 +194,12 @@ def main() -> None:
   parser.add_argument("--batches", default="1,4,16")
   parser.add_argument("--taus", default="1.0,0.95,0.9,0.8,0.6")
   parser.add_argument("--card-taus", default="0.9,0.7,0.5")
+  parser.add_argument("--tasks", default="arith,code",
+                      help="which tables to train for and decode: arith (sft, mars), code "
+                           "(ar and --code-models), or both")
+  parser.add_argument("--train-jobs", type=int, default=1,
+                      help="train the seeds in this many processes at once (one XLA thread "
+                           "each; 2 on a 2-core CPU), then decode")
   parser.add_argument("--code-models", default="card,card_half,mdlm",
                       help="the code models to compare with AR (empty: skip the code task)")
   parser.add_argument("--repeats", type=int, default=5,
@@ -160,8 +216,17 @@ def main() -> None:
   n_arith, n_code, scale = args.n_arith, args.n_code, 1.0
   if args.quick:
     n_arith, n_code, scale = 32, 16, 0.1
-  code_models = [m for m in args.code_models.split(",") if m]
-  names = ["sft", "mars"] + (["ar"] + code_models if code_models else [])
+  tasks = [t for t in args.tasks.split(",") if t]
+  if not tasks or set(tasks) - {"arith", "code"}:
+    raise SystemExit(f"--tasks={args.tasks!r}: give arith, code or arith,code")
+  arith = "arith" in tasks
+  code_models = [m for m in args.code_models.split(",") if m] if "code" in tasks else []
+  if not arith and not code_models:
+    raise SystemExit("--tasks=code with --code-models '' leaves nothing to run")
+  names = (["sft", "mars"] if arith else []) + (["ar"] + code_models if code_models else [])
+  if args.train_jobs > 1 and not args.no_train:
+    prepare_data(workdir / "data", names)  # once, here: the jobs would race to build it
+    train_in_jobs(args.train_jobs, seeds, sys.argv[1:])
   info = machine.describe()
   print(f"== decode benchmark: {machine.line(info)}")
   runs = {}
@@ -173,7 +238,7 @@ def main() -> None:
       print(f"== 1/3 train the models of seed {seed} (configs/decode_bench.py)", flush=True)
       runs[seed] = train_models(workdir, workdir / "data", scale, names, seed)
   loaded = {name: suite.load_run(path) for name, path in runs[seeds[0]].items()}
-  sets = inputs(workdir, loaded, n_arith, n_code, bool(code_models))
+  sets = inputs(workdir, loaded, n_arith, n_code, arith, bool(code_models))
   if args.train_only:
     print(f"== trained {', '.join(names)} for seeds {seeds}; prompt sets in "
           f"{workdir / 'inputs.json'}")
@@ -183,9 +248,11 @@ def main() -> None:
   card_taus = [float(t) for t in args.card_taus.split(",")]
 
   def decode(loaded, batches, repeats, min_seconds, log):
-    rows = suite.arith_rows(loaded["sft"], loaded["mars"], sets["arith"], batches, taus,
-                            block=4, cache_block=16, max_new_tokens=96, repeats=repeats,
-                            min_seconds=min_seconds, log=log)
+    rows = []
+    if arith:
+      rows += suite.arith_rows(loaded["sft"], loaded["mars"], sets["arith"], batches, taus,
+                               block=4, cache_block=16, max_new_tokens=96, repeats=repeats,
+                               min_seconds=min_seconds, log=log)
     if code_models:
       rows += suite.code_rows(loaded["ar"],
                               {m: loaded[m] for m in code_models if m != "mdlm"},
