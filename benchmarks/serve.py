@@ -2,6 +2,7 @@
 
   python benchmarks/serve.py [--checkpoint RUN] [--methods ar,mars] [--levels 1,4,16,64]
       [--requests 4] [--max-tokens 32] [--batch-sizes 1,4,16,64] [--chunk 16]
+      [--schedulers continuous,chunked] [--slots 256]
       [--url http://127.0.0.1:8000] [--out runs/serve_bench]
 
 For each method it starts a server on a free loopback port with --warmup-width (every
@@ -9,7 +10,9 @@ compiled batch size and prompt width is built before serving; or, with --url, it
 server running there with whatever method it serves), then runs each level: C client threads, each
 sending --requests chat completions one after another (arithmetic questions, greedy,
 ignore_eos so every request writes exactly --max-tokens tokens and the levels compare like
-for like). Per level: generated tokens/s and requests/s over the level's wall time, p50
+for like). --schedulers runs each method twice: `continuous` (rows keep their KV cache,
+`cardjax serve --slots N`) and `chunked` (`--slots 0`: every chunk re-prefills its rows).
+Per level: generated tokens/s and requests/s over the level's wall time, p50
 and p99 request latency, the mean tokens per forward the server reported. The table and
 the machine go to stdout and --out/results.json.
 
@@ -54,13 +57,14 @@ def checkpoint(args) -> Path:
   return init
 
 
-def start(run: Path, method: str, args) -> tuple[subprocess.Popen, str]:
+def start(run: Path, method: str, scheduler: str, args) -> tuple[subprocess.Popen, str]:
   port = portpicker.pick_unused_port()
   cmd = [sys.executable, "-m", "cardjax.cli", "serve", "--checkpoint", str(run), "--port",
          str(port), "--method", method, "--batch-sizes", args.batch_sizes, "--chunk",
          str(args.chunk), "--model-name", "bench", "--warmup-width", str(args.warmup_width)]
   if method != "ar":
     cmd += ["--objective", "mars", "--tau", str(args.tau)]
+  cmd += ["--slots", str(args.slots if scheduler == "continuous" else 0)]
   proc = subprocess.Popen(cmd, cwd=ROOT)
   url = f"http://127.0.0.1:{port}"
   for _ in range(2400):
@@ -134,6 +138,10 @@ def main() -> None:
   parser.add_argument("--batch-sizes", default="1,4,16,64")
   parser.add_argument("--chunk", type=int, default=16)
   parser.add_argument("--tau", type=float, default=0.9)
+  parser.add_argument("--schedulers", default="continuous",
+                      help="continuous (rows keep their KV cache) and/or chunked")
+  parser.add_argument("--slots", type=int, default=256,
+                      help="continuous: KV-cache slots per row (prompt + completion)")
   parser.add_argument("--warmup-width", type=int, default=64,
                       help="the server compiles prompt widths up to this before serving")
   parser.add_argument("--out", default="runs/serve_bench")
@@ -148,8 +156,13 @@ def main() -> None:
   levels = [int(x) for x in args.levels.split(",")]
   run = None if args.url else checkpoint(args)
   results = []
-  for method in (["(--url)"] if args.url else args.methods.split(",")):
-    proc, url = (None, args.url) if args.url else start(run, method, args)
+  runs = [("(--url)", "")] if args.url else [
+      (m, sch) for m in args.methods.split(",") for sch in args.schedulers.split(",")]
+  for method, scheduler in runs:
+    if scheduler not in ("", "continuous", "chunked"):
+      raise SystemExit(f"--schedulers: {scheduler!r} is not continuous or chunked")
+    proc, url = (None, args.url) if args.url else start(run, method, scheduler, args)
+    method = f"{method} {scheduler}".strip()
     try:
       name = model_name(url)
       t = time.perf_counter()
@@ -165,7 +178,7 @@ def main() -> None:
         proc.wait()
   print(f"\ncardjax serve load test: {run or args.url}, {args.max_tokens} tokens per request "
         f"(ignore_eos), {args.requests} requests per client, batch sizes {args.batch_sizes}, "
-        f"chunk {args.chunk}\nmachine: {machine.line(info)}\n")
+        f"chunk {args.chunk}, continuous: {args.slots} slots a row\nmachine: {machine.line(info)}\n")
   print("| method | clients | tokens/s | requests/s | p50 latency s | p99 latency s | "
         "tokens/forward | x 1 client |")
   print("|---|---|---|---|---|---|---|---|")

@@ -72,6 +72,20 @@ def test_completions_equal_the_decoders(client, reference):
       assert info["tau"] == 0.9  # the server's --tau
 
 
+def test_ar_and_mars_rows_keep_their_cache_other_methods_re_prefill(client, server):
+  """Continuous batching: a 12-token AR or MARS request over 8-forward steps is prefilled
+  once; self-verified MARS decodes in chunks and re-prefills each one."""
+  url = server[1]
+  for extra, prefills in (({"method": "ar"}, 1), ({"tau": 0.5}, 1), ({"verify": True}, 2)):
+    before = metric(url, "cardjax_prefills_total")
+    r = client.completions.create(model="run", prompt=PROMPTS[1], max_tokens=12,
+                                  extra_body={**extra, "ignore_eos": True})
+    assert r.usage.completion_tokens == 12
+    if extra.get("method") == "ar":  # 12 tokens at one a forward: two 8-forward steps
+      assert r.model_extra["cardjax"][0]["chunks"] == 2
+    assert metric(url, "cardjax_prefills_total") - before == prefills, extra
+
+
 def test_chat_and_streaming(client, reference):
   messages = [{"role": "user", "content": PROMPTS[1]}]
   whole = client.chat.completions.create(model="run", messages=messages, max_tokens=12,

@@ -58,7 +58,12 @@ def add_arguments(p) -> None:
   p.add_argument("--batch-sizes", default="1,4,16",
                  help="compiled batch sizes; a batch is padded to the smallest that fits")
   p.add_argument("--chunk", type=int, default=16,
-                 help="new tokens per row per decode call; rows are refilled between calls")
+                 help="forwards per decode step (AR, MARS) or new tokens per row per call "
+                      "(other methods); requests join and leave between them")
+  p.add_argument("--slots", type=int, default=512,
+                 help="AR and MARS: KV-cache slots per row, kept for a request's whole life "
+                      "(its longest prompt + completion); 0: decode every method in chunks, "
+                      "re-prefilling each call")
   p.add_argument("--width-bucket", type=int, default=32,
                  help="prompts are left-padded to a multiple of this (compiled widths)")
   p.add_argument("--warmup-width", type=int, default=0,
@@ -96,7 +101,7 @@ def run_serve(args) -> None:
                        name=args.model_name, mesh=mesh, method=args.method, tau=tau.tau,
                        block=args.block, verify=args.verify, rule=args.rule,
                        chunk=args.chunk, batch_sizes=sizes, width_bucket=args.width_bucket,
-                       max_tokens=args.max_tokens)
+                       max_tokens=args.max_tokens, slots=args.slots)
   if args.warmup_width > 0:
     start = time.perf_counter()
     shapes = engine.warmup(args.warmup_width, log=lambda line: print(line, file=sys.stderr))
@@ -106,7 +111,8 @@ def run_serve(args) -> None:
   d = engine.default
   print(f"cardjax serve: model {engine.name!r} (objective {engine.objective or 'unknown'}), "
         f"method {d.method}" + (f" B={d.block}" if d.method != "ar" else "") +
-        f", batch sizes {engine.batch_sizes}, chunk {engine.chunk}; "
+        f", batch sizes {engine.batch_sizes}, chunk {engine.chunk}, "
+        + (f"{engine.slots} slots a row" if engine.continuous(d) else "chunked") + "; "
         f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
   # uvicorn's SIGTERM / Ctrl-C: stop accepting, finish in-flight requests, then exit.
   uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,

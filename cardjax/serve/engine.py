@@ -1,6 +1,15 @@
-"""The model a server serves and one decode chunk of a batch.
+"""The model a server serves: continuous batching over rows that keep their KV cache, and
+chunked decode calls for the methods that cannot.
 
-The jitted decoders run a batch to completion and keep no state between calls, so the
+Continuous (AR and MARS threshold decoding, greedy or sampled without a per-request seed):
+one `SlotPool` (cardjax/decoding/slots.py) per (method, block, rule, stop ids), each row
+holding one request's KV cache for its whole life, `slots` slots long (--slots: the longest
+prompt + completion a request can reach). A request is prefilled once, when it is admitted,
+and then decodes in every step of its pool until it ends; rows join and leave between
+steps. Each request keeps its own tau.
+
+Chunked (CARD, DUS, EB/CB, MDLM, self-verified MARS, seeded sampling, or --slots 0): the
+jitted decoders run a batch to completion and keep no state between calls, so the
 server decodes in chunks: each call writes at most `chunk` new tokens per row, from the
 row's prompt plus what it has generated so far. A row's KV cache is rebuilt by each
 chunk's prefill (one batched forward over the context, cheap next to the chunk's decode
@@ -16,6 +25,11 @@ import dataclasses
 import sys
 
 from cardjax.errors import CardjaxError
+
+
+def prompts_bucket() -> int:
+  from cardjax.decoding import prompts
+  return prompts.BUCKET
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +58,7 @@ class Engine:
   def __init__(self, model, tokenizer, objective: str | None, run_config, name: str,
                method: str = "ar", tau: float = 0.95, block: int = 0, verify: bool = False,
                rule: str = "prob", chunk: int = 16, batch_sizes=(1, 4, 16),
-               width_bucket: int = 32, max_tokens: int = 64, mesh=None):
+               width_bucket: int = 32, max_tokens: int = 64, mesh=None, slots: int = 512):
     from cardjax.decoding import prompts
     from cardjax.decoding.cli import resolve_block
     from cardjax.decoding.frozen import freeze
@@ -57,6 +71,10 @@ class Engine:
       raise CardjaxError(f"--max-tokens={max_tokens} must be >= 1 (a request's default)")
     if width_bucket < 1:
       raise CardjaxError(f"--width-bucket={width_bucket} must be >= 1")
+    if slots < 0:
+      raise CardjaxError(f"--slots={slots} must be >= 0 (0: chunked decoding only)")
+    self.slots = slots
+    self.pools: dict = {}
     self.model = freeze(model)
     self.cfg = model.cfg
     self.tokenizer = tokenizer
@@ -134,13 +152,50 @@ class Engine:
     return Settings(method, float(temperature), float(top_p),
                     None if tau is None else float(tau), int(block), bool(verify), rule, seed)
 
+  def continuous(self, s: Settings) -> bool:
+    """Whether requests with these settings decode in a SlotPool (module docstring)."""
+    return (self.slots > 0 and s.method in ("ar", "mars") and not s.verify
+            and s.seed is None)
+
+  def context(self, s: Settings) -> int:
+    """Positions a request's prompt and completion share."""
+    limit = self.cfg.max_position_embeddings
+    return min(limit, self.slots) if self.continuous(s) else limit
+
   def room(self, s: Settings) -> int:
-    """Context positions a chunk needs after its prompt (the decoders' windows)."""
+    """Context positions a call needs after its prompt (the decoders' windows)."""
+    if self.continuous(s):
+      return 1 if s.method == "ar" else 2 * s.block
     return self.chunk if s.method == "ar" else self.chunk + 3 * s.block
 
   def prompt_limit(self, s: Settings) -> int:
-    """The longest context (prompt + generated) a row can decode another chunk from."""
-    return self.cfg.max_position_embeddings - self.room(s)
+    """The longest context (prompt + generated) a row can decode another call from."""
+    return self.context(s) - self.room(s)
+
+  def pool(self, s: Settings):
+    """The SlotPool of these (continuous) settings, built on first use."""
+    from cardjax.decoding.slots import SlotPool
+
+    key = (s.method, s.block, s.rule, s.ignore_eos)
+    if key not in self.pools:
+      stop_ids = self.tokenizer.stop_ids
+      if s.ignore_eos:
+        stop_ids = ()
+      self.pools[key] = SlotPool(self.model, s.method, slots=self.context(s),
+                                 batch_sizes=self.batch_sizes, block=s.block or 4,
+                                 rule=s.rule, stop_ids=stop_ids, pad_id=self.tokenizer.pad_id,
+                                 bucket=prompts_bucket())
+    return self.pools[key]
+
+  def release(self, s: Settings, key) -> None:
+    """Free `key`'s row in its pool, if the pool still holds it."""
+    pool = self.pools.get((s.method, s.block, s.rule, s.ignore_eos))
+    if pool is not None and key in pool.owner:
+      pool.release(key)
+
+  def drop_pool(self, s: Settings) -> None:
+    """Forget a pool whose state a failed step may have consumed (donated buffers)."""
+    self.pools.pop((s.method, s.block, s.rule, s.ignore_eos), None)
 
   def batch_size(self, rows: int) -> int:
     """The compiled batch size that holds `rows` (rows <= max(batch_sizes))."""
@@ -171,7 +226,7 @@ class Engine:
     return out
 
   def warmup(self, max_width: int, log=None) -> int:
-    """Compile the default settings' decode call for every batch size and every prompt
+    """Compile the default settings' decode calls for every batch size and every prompt
     width up to `max_width` (rounded up to the bucket) before serving, so the first
     requests do not wait for compiles. Returns the number of shapes."""
     from cardjax.decoding import prompts
@@ -179,6 +234,27 @@ class Engine:
     bucket = prompts.BUCKET
     widths = range(bucket, min(max_width, self.prompt_limit(self.default)) + bucket, bucket)
     shapes = 0
+    if self.continuous(self.default):
+      pool = self.pool(self.default)
+      for w in widths:  # the prefill per width, the step per tier (rows admitted to fill it)
+        if log:
+          log(f"cardjax serve: warm-up: prefill width {w}")
+        pool.admit(("warm-up", w), [self.tokenizer.pad_id] * w, 1.0, 1)
+        pool.release(("warm-up", w))
+        shapes += 1
+      # Rows admitted one by one and released one by one: every tier's step, and every
+      # tier change a server makes as requests come and go (one gather each).
+      keys = [("warm-up", i) for i in range(max(self.batch_sizes))]
+      for i, k in enumerate(keys):
+        pool.admit(k, [self.tokenizer.pad_id] * bucket, 1.0, 1)
+        if i + 1 in self.batch_sizes:
+          if log:
+            log(f"cardjax serve: warm-up: step batch {i + 1}")
+          pool.step(self.chunk)  # the served shape: forwards is static
+          shapes += 1
+      for k in keys:
+        pool.release(k)
+      return shapes
     for b in self.batch_sizes:
       for w in widths:
         if log:

@@ -22,6 +22,9 @@ class Metrics:
     self.tokens = Counter("cardjax_generated_tokens", "Tokens generated", registry=r)
     self.forwards = Counter("cardjax_forwards", "Decode forwards (row-forwards of served "
                             "requests)", registry=r)
+    self.prefills = Counter("cardjax_prefills", "Prompt prefills: one per request when its "
+                            "row keeps its KV cache (AR, MARS), one per row per chunk "
+                            "otherwise", registry=r)
     self.tokens_per_s = Gauge("cardjax_tokens_per_second",
                               f"Tokens generated per second over the last {WINDOW_S:g} s",
                               registry=r)

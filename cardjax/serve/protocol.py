@@ -108,7 +108,7 @@ def parse(body, engine, chat: bool) -> Parsed:
       raise APIError(400, "the prompt is empty: give at least one token of text", "prompt")
     if len(p) > limit:
       raise APIError(400, f"the prompt has {len(p)} tokens, more than the {limit} this "
-                          f"model's context ({engine.cfg.max_position_embeddings} positions, "
+                          f"model's context ({engine.context(settings)} positions, "
                           f"less {engine.room(settings)} for the decoder's window) allows: "
                           "shorten it", "messages" if chat else "prompt",
                      code="context_length_exceeded")

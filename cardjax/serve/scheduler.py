@@ -1,9 +1,17 @@
-"""Continuous batching at chunk granularity, on one decode thread.
+"""Continuous batching on one decode thread.
 
-Every unfinished request sits in one pool. Between decode chunks (engine.py: at most
-`chunk` new tokens per row per call) the thread takes the oldest request's settings group
-and the oldest requests of that group, up to the largest compiled batch size, and decodes
-one chunk for them. Requests with other settings wait for a later chunk (they never share
+Every unfinished request sits in one list. Each round the thread takes the oldest
+request's settings group. For AR and MARS (engine.continuous) the group's SlotPool admits
+its waiting requests into free rows (a prefill each) and runs one step of up to `chunk`
+forwards for all its rows; a row keeps its KV cache from step to step, so it is prefilled
+once, and a request that ends (stop token, stop string, max_tokens, context, or a client
+that went away) frees its row for the next admit. Requests keep their own tau inside a
+pool; other settings (temperature, top_p, block, rule) form other groups with other pools
+or steps.
+
+Other methods decode in chunks: between decode chunks (engine.py: at most `chunk` new
+tokens per row per call) the thread takes the oldest requests of the group, up to the
+largest compiled batch size, and decodes one chunk for them. Requests with other settings wait for a later chunk (they never share
 a call: a decode call has one tau, temperature, top_p and seed); a request sampling with
 its own seed decodes alone, so its tokens do not depend on its batch. A row is freed after
 the chunk in which its request hit a stop token or stop string, reached max_tokens or the
@@ -45,9 +53,13 @@ class Job:
   taus: list = dataclasses.field(default_factory=list)
   first_token: float | None = None
   cancelled: bool = False  # set by the client's handler on disconnect
+  admitted: bool = False  # holds a SlotPool row
+  row_tau: float | None = None  # the tau its row decodes with (continuous MARS)
 
-  def group(self) -> tuple:
+  def group(self, continuous: bool = False) -> tuple:
     s = self.settings
+    if continuous:  # one pool step serves every tau
+      return ("slots",) + tuple(x for i, x in enumerate(s.group()) if i != 3)
     return s.group() + ((s.seed, self.id) if s.seed is not None else ())
 
 
@@ -85,38 +97,97 @@ class Scheduler:
       self.cond.notify()
     self.thread.join()
 
-  def _take(self) -> tuple[list[Job], int] | None:
+  def _group(self, job: Job) -> tuple:
+    return job.group(self.engine.continuous(job.settings))
+
+  def _take(self) -> tuple[list[Job], int, bool] | None:
+    """The oldest request's group: (its requests, oldest first; up to the largest batch
+    when chunked, all of them when continuous), requests waiting outside it, continuous."""
     with self.cond:
       while True:
         for job in [j for j in self.pool if j.cancelled]:
           self.pool.remove(job)
+          if job.admitted:  # the decode thread owns the pools: this is that thread
+            self.engine.release(job.settings, job.id)
           self.metrics.requests.labels("cancelled").inc()
         if self.pool or self.stopping:
           break
         self.cond.wait()
       if not self.pool:
         return None
-      key = min(self.pool, key=lambda j: j.arrived).group()
-      batch = sorted((j for j in self.pool if j.group() == key),
-                     key=lambda j: j.arrived)[:self.max_batch]
-      self.running = len(batch)
-      waiting = len(self.pool) - len(batch)
-      self.metrics.running.set(len(batch))
+      oldest = min(self.pool, key=lambda j: j.arrived)
+      continuous = self.engine.continuous(oldest.settings)
+      key = self._group(oldest)
+      batch = sorted((j for j in self.pool if self._group(j) == key), key=lambda j: j.arrived)
+      running = min(len(batch), self.max_batch)
+      if not continuous:
+        batch = batch[:self.max_batch]
+      waiting = len(self.pool) - running
+      self.running = running
+      self.metrics.running.set(running)
       self.metrics.queue.set(waiting)
-      return batch, waiting
+      return batch, waiting, continuous
 
   def _loop(self) -> None:
     while True:
       taken = self._take()
       if taken is None:
         return
-      batch, waiting = taken
+      batch, waiting, continuous = taken
       try:
-        self._chunk(batch, waiting)
+        if continuous:
+          self._step(batch, waiting)
+        else:
+          self._chunk(batch, waiting)
       except Exception as e:  # a bug or a device failure: fail this batch, keep serving
         traceback.print_exc()
+        if continuous:  # its rows' state may be gone (donated buffers): a fresh pool
+          self.engine.drop_pool(batch[0].settings)
+          batch = [j for j in batch if j.admitted]
         for job in batch:
           self._finish(job, {"type": "error", "message": f"decoding failed: {e}"}, "error")
+
+  def _step(self, jobs: list[Job], waiting: int) -> None:
+    """One round of a SlotPool: admit the group's waiting requests into free rows, one
+    step for every row, deliver each row's tokens."""
+    s = jobs[0].settings
+    pool = self.engine.pool(s)
+    for job in jobs:
+      if job.admitted or pool.live_rows() >= pool.capacity():
+        continue
+      tau = 1.0
+      if s.method == "mars":
+        tau = s.tau if s.tau is not None else self.tau.update(waiting)
+        self.metrics.tau.set(self.tau.tau)
+      pool.admit(job.id, job.prompt + job.tokens, tau, job.max_tokens - len(job.tokens))
+      self.metrics.prefills.inc()
+      job.admitted, job.row_tau = True, tau if s.method == "mars" else None
+    seed = next(self._seeds)  # continuous requests carry no seed of their own
+    new, ended, forwards = pool.step(self.engine.chunk, s.temperature, s.top_p, seed)
+    now = time.monotonic()
+    stop_ids = set() if s.ignore_eos else set(self.engine.tokenizer.stop_ids)
+    made = rows = 0
+    for job in jobs:
+      if job.id not in new:
+        continue
+      rows += 1
+      if job.cancelled:  # its client left during the step: free the row now
+        with self.cond:
+          self.pool.remove(job)
+        self.engine.release(s, job.id)
+        self.metrics.requests.labels("cancelled").inc()
+        continue
+      made += len(new[job.id])
+      forced = {"stop": "stop", "budget": "length", "slots": "length"}.get(ended.get(job.id))
+      if self._deliver(job, new[job.id], forwards[job.id], job.row_tau, now, stop_ids,
+                       forced):
+        self.engine.release(s, job.id)
+    self.metrics.generated(made, sum(forwards.values()))
+    self.metrics.batch_rows.observe(rows)
+    with self.cond:
+      self.running = 0
+      self.metrics.running.set(0)
+      self.metrics.queue.set(len(self.pool))
 
   def _chunk(self, batch: list[Job], waiting: int) -> None:
     s = batch[0].settings
@@ -129,6 +200,7 @@ class Scheduler:
     else:
       seed = next(self._seeds)
     out = self.engine.decode(s, [j.prompt + j.tokens for j in batch], tau, seed)
+    self.metrics.prefills.inc(len(batch))
     now = time.monotonic()
     stop_ids = set() if s.ignore_eos else set(self.engine.tokenizer.stop_ids)
     made = 0
@@ -140,30 +212,39 @@ class Scheduler:
         continue
       row = row[:job.max_tokens - len(job.tokens)]
       made += len(row)
-      job.tokens += row
-      job.forwards += out.forwards
-      job.taus.append(tau)
-      if row and job.first_token is None:
-        job.first_token = now
-        self.metrics.ttft.observe(now - job.arrived)
-      reason = None
-      if row and row[-1] in stop_ids:
-        reason = "stop"
-      elif (len(job.tokens) >= job.max_tokens or
-            len(job.prompt) + len(job.tokens) > self.engine.prompt_limit(s)):
-        reason = "length"
-      delta, hit = job.text.update(job.tokens, final=reason is not None)
-      reason = "stop" if hit else reason
-      if delta:
-        job.sink({"type": "delta", "text": delta})
-      if reason:
-        self._finish(job, self._done(job, reason), "ok")
+      self._deliver(job, row, out.forwards, tau, now, stop_ids)
     self.metrics.generated(made, out.forwards * len(batch))
     self.metrics.batch_rows.observe(len(batch))
     with self.cond:
       self.running = 0
       self.metrics.running.set(0)
       self.metrics.queue.set(len(self.pool))
+
+  def _deliver(self, job: Job, row: list[int], forwards: int, tau, now: float, stop_ids,
+               forced: str | None = None) -> bool:
+    """Append a call's tokens to a job, stream their text, finish it where it ends (a stop
+    token or string, max_tokens, the context, or `forced`, the SlotPool's reason).
+    Returns whether it finished."""
+    job.tokens += row
+    job.forwards += forwards
+    job.taus.append(tau)
+    if row and job.first_token is None:
+      job.first_token = now
+      self.metrics.ttft.observe(now - job.arrived)
+    reason = None
+    if row and row[-1] in stop_ids:
+      reason = "stop"
+    elif (len(job.tokens) >= job.max_tokens or
+          len(job.prompt) + len(job.tokens) > self.engine.prompt_limit(job.settings)):
+      reason = "length"
+    reason = reason or forced
+    delta, hit = job.text.update(job.tokens, final=reason is not None)
+    reason = "stop" if hit else reason
+    if delta:
+      job.sink({"type": "delta", "text": delta})
+    if reason:
+      self._finish(job, self._done(job, reason), "ok")
+    return reason is not None
 
   def _done(self, job: Job, reason: str) -> dict:
     s = job.settings

@@ -1,0 +1,320 @@
+"""Rows that keep their KV cache between decode calls: continuous batching for AR and MARS.
+
+The one-shot decoders (ar.py, mars.py) prefill a batch, decode it to the end and drop the
+cache. A server whose requests arrive and finish at different times would then re-prefill
+every row at every call. A `SlotPool` instead owns a cache of `rows x slots` that lives
+across calls:
+
+  admit(key, prompt, tau, max_new_tokens)
+                       prefill one prompt into a free row (one batch-1 forward, written into
+                       the row in place); the row then decodes with the others
+  step(forwards, ...)  up to `forwards` forwards for every live row (one jitted while loop,
+                       leaving early when no row is live); returns each key's new tokens
+  release(key)         the key's request is over (or its client left); its row is free
+
+Rows are named by the caller's keys: a tier change (below) renumbers them.
+
+AR feeds one token per row per forward. MARS reads the full window [B pending | B masks]
+per row (mars.py's "full" window: every forward writes 2B slots from the row's index, so
+the next window, which starts after the kept pending tokens, covers all of this one's
+scratch) and accepts per row by its own tau. A row stops by itself at a stop token, at its
+token budget, or when its next window would not fit the slots ("full": the caller finishes
+it for length).
+
+Batch tiers: a forward costs about its rows on a CPU, so the pool keeps the smallest of
+`batch_sizes` that holds its live rows. It grows when an admit needs a row and shrinks when
+the live rows fit a smaller tier, by one gather of the live rows into a new cache (the
+live rows keep their slots, so no row is re-prefilled). Every call has a static shape:
+(tier, slots) for the step, (prompt width bucket, slots) for the admit.
+
+Greedy tokens equal ar.generate / mars.generate for the same prompts (tests/test_slots.py):
+a row's tokens do not depend on when it was admitted or which rows it shared calls with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from cardjax.decoding.ar import sample_tokens
+from cardjax.decoding.frozen import freeze
+from cardjax.decoding.mars import accept_count, check_args, pick_tokens
+from cardjax.decoding.prompts import left_pad
+from cardjax.errors import CardjaxError
+from cardjax.model.cache import EMPTY_SEGMENT, KVCache
+
+METHODS = ("ar", "mars")
+
+
+@dataclasses.dataclass
+class Rows:
+  """Per-row decode state besides the cache (device arrays, [rows] or [rows, width])."""
+  pending: jax.Array  # [rows, max(B, 1)] committed tokens whose keys are not cached yet
+  n_pending: jax.Array  # [rows]
+  committed: jax.Array  # [rows] the row's length (prompt + generated): the next position
+  live: jax.Array  # [rows] bool: decoding (admitted, not stopped)
+  tau: jax.Array  # [rows] float32, MARS
+  budget: jax.Array  # [rows] tokens the row may still produce
+
+
+jax.tree_util.register_dataclass(Rows, data_fields=[f.name for f in dataclasses.fields(Rows)],
+                                 meta_fields=[])
+
+
+def _prefill(graphdef, params, tokens, positions, segments, *, slots: int):
+  """A one-row cache of `slots` slots holding the prompt less its last token."""
+  model = nnx.merge(graphdef, params)
+  cache = KVCache.create(model.cfg, 1, slots)
+  _, cache = model.forward_cached(tokens[:, :-1], cache, positions=positions[:, :-1],
+                                  segment_ids=segments[:, :-1],
+                                  logits_at=jnp.zeros((1, 1), jnp.int32))
+  return cache
+
+
+def _put_row(cache: KVCache, rows: "Rows", row_cache: KVCache, row, last, length, tau,
+             budget):
+  """`cache` and `rows` with row `row` replaced by a prefilled one-row cache (its index
+  included) and a fresh row state: pending = [last], `length` tokens so far. One call, so
+  an admit is one dispatch besides the prefill."""
+  def put(buf, new, axis):
+    return jax.lax.dynamic_update_index_in_dim(buf, new, row, axis)
+  cache = KVCache(k=put(cache.k, row_cache.k, 1), v=put(cache.v, row_cache.v, 1),
+                  positions=put(cache.positions, row_cache.positions, 0),
+                  streams=put(cache.streams, row_cache.streams, 0),
+                  segments=put(cache.segments, row_cache.segments, 0),
+                  index=cache.index.at[row].set(row_cache.index))
+  rows = Rows(pending=rows.pending.at[row].set(jnp.zeros_like(rows.pending[0]).at[0].set(last)),
+              n_pending=rows.n_pending.at[row].set(1), committed=rows.committed.at[row].set(length),
+              live=rows.live.at[row].set(True), tau=rows.tau.at[row].set(tau),
+              budget=rows.budget.at[row].set(budget))
+  return cache, rows
+
+
+def _gather(cache: KVCache, rows: Rows, order):
+  """The cache and row state of rows `order` (-1: an empty row) in that order."""
+  take = jnp.maximum(order, 0)
+  empty = order < 0
+  k = jnp.take(cache.k, take, axis=1)
+  v = jnp.take(cache.v, take, axis=1)
+  segments = jnp.where(empty[:, None], EMPTY_SEGMENT, cache.segments[take])
+  cache = KVCache(k=k, v=v, positions=cache.positions[take], streams=cache.streams[take],
+                  segments=segments, index=jnp.where(empty, 0, cache.index[take]))
+  rows = jax.tree.map(lambda x: x[take], rows)
+  return cache, dataclasses.replace(rows, live=rows.live & ~empty)
+
+
+def _step(graphdef, params, cache: KVCache, rows: Rows, stop_ids, pad_id, mask_id,
+          temperature, top_p, rng, *, forwards: int, method: str, block: int, rule: str):
+  """Up to `forwards` forwards for every live row. Returns (cache, rows, out [rows,
+  forwards * max(B, 1)], count [rows], forwards each row was live for [rows])."""
+  model = nnx.merge(graphdef, params)
+  b = rows.live.shape[0]
+  width = max(block, 1)
+  slots = cache.slots
+  out = jnp.full((b, forwards * width), pad_id, jnp.int32)
+  count = jnp.zeros((b,), jnp.int32)
+  slot = jnp.arange(width)
+
+  def cond(carry):
+    _, rows, _, _, n, _, _ = carry
+    return (n < forwards) & jnp.any(rows.live)
+
+  def ar_body(carry):
+    cache, rows, out, count, n, rng, used = carry
+    live = rows.live
+    ids = rows.pending[:, :1]
+    pos = (rows.committed - 1)[:, None]
+    logits, cache = model.forward_cached(ids, cache, positions=pos,
+                                         segment_ids=jnp.ones_like(ids))
+    rng, key = jax.random.split(rng)
+    token = sample_tokens(logits[:, -1], key, temperature, top_p)
+    k = live.astype(jnp.int32)
+    cache = dataclasses.replace(cache, index=cache.index - 1 + k)  # a stopped row stays
+    return commit(cache, rows, out, count, n, rng, used, token[:, None], k)
+
+  def mars_body(carry):
+    cache, rows, out, count, n, rng, used = carry
+    live = rows.live
+    at = jnp.arange(block)[None]
+    valid = at < rows.n_pending[:, None]
+    pend_pos = rows.committed[:, None] - rows.n_pending[:, None] + at
+    ids = jnp.concatenate([rows.pending, jnp.full((b, block), mask_id, jnp.int32)], axis=1)
+    pos = jnp.concatenate([jnp.where(valid, pend_pos, 0), rows.committed[:, None] + at], 1)
+    seg = jnp.concatenate([valid.astype(jnp.int32), jnp.ones((b, block), jnp.int32)], 1)
+    start = cache.index
+    need = jnp.concatenate([(rows.n_pending - 1)[:, None],
+                            jnp.broadcast_to(block + slot[None, :-1], (b, block - 1))], 1)
+    logits, cache = model.forward_cached(ids, cache, positions=pos, segment_ids=seg,
+                                         logits_at=need)
+    cache = dataclasses.replace(cache, index=start + jnp.where(live, rows.n_pending, 0))
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    rng, key = jax.random.split(rng)
+    guess = pick_tokens(jnp.argmax(probs, axis=-1).astype(jnp.int32), logits, key,
+                        temperature, top_p)
+    k = accept_count(probs, rows.tau[:, None], rule, guess)
+    return commit(cache, rows, out, count, n, rng, used, guess, jnp.where(live, k, 0))
+
+  def commit(cache, rows, out, count, n, rng, used, guess, k):
+    """Keep the first k guesses of each row, up to its first stop token and its budget;
+    the row stops there, or when its next window would not fit the slots."""
+    is_stop = jnp.isin(guess, stop_ids) & (slot[None] < k[:, None])
+    first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1) + 1, width)
+    k = jnp.minimum(jnp.minimum(k, first_stop), rows.budget)
+    take = slot[None] < k[:, None]
+    idx = jnp.where(take, count[:, None] + slot[None], out.shape[1])
+    out = out.at[jnp.arange(b)[:, None], idx].set(guess, mode="drop")
+    stopped = jnp.any(is_stop & take, axis=1) | (rows.budget - k <= 0)
+    # The index is past this forward's kept tokens: the next window is written from it.
+    full = cache.index + (1 if method == "ar" else 2 * block) > slots
+    rows = Rows(pending=jnp.where(take, guess, pad_id),
+                n_pending=jnp.where(k > 0, k, rows.n_pending),
+                committed=rows.committed + k, live=rows.live & ~stopped & ~full,
+                tau=rows.tau, budget=rows.budget - k)
+    used = used + (k > 0).astype(jnp.int32)
+    return cache, rows, out, count + k, n + 1, rng, used
+
+  body = ar_body if method == "ar" else mars_body
+  cache, rows, out, count, _, _, used = jax.lax.while_loop(
+      cond, body, (cache, rows, out, count, jnp.int32(0), rng, jnp.zeros((b,), jnp.int32)))
+  return cache, rows, out, count, used
+
+
+class SlotPool:
+  """A KV cache of rows that persist across decode calls (see the module docstring)."""
+
+  def __init__(self, model, method: str = "ar", *, slots: int, batch_sizes=(1, 4, 16),
+               block: int = 4, rule: str = "prob", stop_ids=(), pad_id: int = 0,
+               bucket: int = 16):
+    if method not in METHODS:
+      raise CardjaxError(f"SlotPool decodes {METHODS}, not {method!r}")
+    self.model = freeze(model)
+    cfg = self.model.cfg
+    if method == "mars":
+      check_args(0.5, block, cfg.mask_token_id, rule)
+    self.method, self.rule = method, rule
+    self.block = block if method == "mars" else 0
+    self.window = 1 if method == "ar" else 2 * block
+    if slots > cfg.max_position_embeddings + self.window:
+      slots = cfg.max_position_embeddings + self.window
+    self.slots = slots
+    self.batch_sizes = tuple(sorted(set(batch_sizes)))
+    self.stop_ids = np.asarray(list(stop_ids) or [-1], np.int32)
+    self.pad_id, self.bucket = pad_id, bucket
+    g = self.model.graphdef
+    self._prefill = jax.jit(functools.partial(_prefill, g), static_argnames="slots")
+    self._put = jax.jit(_put_row, donate_argnums=(0, 1))
+    self._gather = jax.jit(_gather)  # a new shape: nothing to donate into
+    self._step = jax.jit(functools.partial(_step, g), donate_argnums=(1, 2),
+                         static_argnames=("forwards", "method", "block", "rule"))
+    self.owner: list = []  # per row: the caller's key, None when free
+    self.cache = self.rows = None
+    self._resize(self.batch_sizes[0], [])
+
+  # -- rows ---------------------------------------------------------------------------
+  @property
+  def tier(self) -> int:
+    return len(self.owner)
+
+  def live_rows(self) -> int:
+    return sum(o is not None for o in self.owner)
+
+  def capacity(self) -> int:
+    return self.batch_sizes[-1]
+
+  def prompt_limit(self) -> int:
+    """The longest prompt a row takes: room for one window after it."""
+    return min(self.slots, self.model.cfg.max_position_embeddings) - self.window
+
+  def _resize(self, tier: int, order: list[int]) -> None:
+    """Rows `order` (old row numbers) become rows 0.. of a cache of `tier` rows."""
+    order = list(order) + [-1] * (tier - len(order))
+    if self.cache is None:
+      width = max(self.block, 1)
+      state = (KVCache.create(self.model.cfg, tier, self.slots).per_row(),
+               Rows(pending=jnp.zeros((tier, width), jnp.int32),
+                    n_pending=jnp.ones((tier,), jnp.int32),
+                    committed=jnp.ones((tier,), jnp.int32), live=jnp.zeros((tier,), bool),
+                    tau=jnp.ones((tier,), jnp.float32), budget=jnp.zeros((tier,), jnp.int32)))
+      # Committed to the device, as the jitted calls' outputs are: a first call on
+      # uncommitted arrays would compile each program a second time. Copies: create()
+      # shares one zeros buffer between k and v, and the calls donate each.
+      device = jax.devices()[0]
+      self.cache, self.rows = jax.tree.map(lambda x: jax.device_put(jnp.copy(x), device),
+                                           state)
+      self.owner = [None] * tier
+      return
+    self.cache, self.rows = self._gather(self.cache, self.rows, jnp.asarray(order, jnp.int32))
+    self.owner = [self.owner[i] if i >= 0 else None for i in order]
+
+  def _fit(self, need: int) -> None:
+    """The smallest tier holding `need` rows, the live rows moved to its first rows."""
+    tier = next((b for b in self.batch_sizes if b >= need), None)
+    if tier is None:
+      raise CardjaxError(f"{need} rows do not fit the largest batch size {self.capacity()}")
+    if tier != self.tier:
+      self._resize(tier, [i for i, o in enumerate(self.owner) if o is not None])
+
+  def admit(self, key, prompt, tau: float = 1.0, max_new_tokens: int = 1) -> None:
+    """Prefill `prompt` into a free row owned by `key` (hashable, not None)."""
+    if key is None or key in self.owner:
+      raise CardjaxError(f"key {key!r} is None or already owns a row; give each request "
+                         "its own key")
+    if not prompt:
+      raise CardjaxError("an empty prompt cannot be admitted; give at least one token")
+    if len(prompt) > self.prompt_limit():
+      raise CardjaxError(f"a prompt of {len(prompt)} tokens leaves no room in {self.slots} "
+                         f"slots (at most {self.prompt_limit()}); shorten it")
+    if self.live_rows() >= self.capacity():
+      raise CardjaxError(f"all {self.capacity()} rows are busy; release one first")
+    self._fit(self.live_rows() + 1)
+    row = self.owner.index(None)
+    tokens, positions, segments, _ = left_pad([prompt], self.pad_id, bucket=self.bucket)
+    width = tokens.shape[1]
+    if width - 1 + self.window > self.slots:  # the bucket's padding must fit too; 2: the
+      tokens, positions, segments, _ = left_pad([prompt], self.pad_id, bucket=2)  # prefill
+      # reads width - 1 >= 1 tokens
+    one = self._prefill(self.model.state, tokens, positions, segments, slots=self.slots)
+    self.cache, self.rows = self._put(self.cache, self.rows, one, row, np.int32(prompt[-1]),
+                                      np.int32(len(prompt)), np.float32(tau),
+                                      np.int32(max_new_tokens))
+    self.owner[row] = key
+
+  def release(self, key) -> None:
+    """Free `key`'s row (its request ended or its client left); shrink to a smaller tier
+    when the live rows fit one."""
+    row = self.owner.index(key)
+    self.owner[row] = None
+    self.rows = dataclasses.replace(self.rows, live=self.rows.live.at[row].set(False))
+    live = self.live_rows()
+    smaller = next(b for b in self.batch_sizes if b >= max(live, 1))
+    if smaller < self.tier:
+      self._fit(live)
+
+  def step(self, forwards: int, temperature: float = 0.0, top_p: float = 1.0,
+           seed: int = 0):
+    """Decode up to `forwards` forwards for the live rows. Returns (new tokens per key,
+    the keys whose rows stopped by themselves with the reason: "stop" (a stop token),
+    "budget" (max_new_tokens) or "slots" (no room for another window), forwards per key
+    (those that produced its tokens)). A stopped row keeps its key until release."""
+    was_live = np.asarray(self.rows.live)
+    self.cache, self.rows, out, count, used = self._step(
+        self.model.state, self.cache, self.rows, self.stop_ids, np.int32(self.pad_id),
+        np.int32(self.model.cfg.mask_token_id), np.float32(temperature), np.float32(top_p),
+        jax.random.key(seed), forwards=forwards, method=self.method, block=self.block,
+        rule=self.rule)
+    out, count, used = np.asarray(out), np.asarray(count), np.asarray(used)
+    live, budget = np.asarray(self.rows.live), np.asarray(self.rows.budget)
+    tokens, ended, fwd = {}, {}, {}
+    for row in np.flatnonzero(was_live):
+      key = self.owner[row]
+      tokens[key] = toks = out[row, :count[row]].tolist()
+      fwd[key] = int(used[row])
+      if not live[row]:
+        ended[key] = ("stop" if toks and toks[-1] in self.stop_ids else
+                      "budget" if budget[row] <= 0 else "slots")
+    return tokens, ended, fwd

@@ -1,0 +1,93 @@
+"""SlotPool: rows that keep their KV cache across calls give the one-shot decoders' greedy
+tokens whenever they are admitted, whatever rows they share calls with, through tier
+changes and row reuse."""
+
+import numpy as np
+import pytest
+
+from cardjax.decoding import ar, mars
+from cardjax.decoding.slots import SlotPool
+from cardjax.errors import CardjaxError
+from decoding_helpers import MASK, PROMPTS, tiny_model
+
+N = 9  # tokens per request
+
+
+def drive(pool, schedule, taus=None, forwards=3):
+  """Admit the prompts at the steps `schedule` gives (prompt i at call schedule[i]), step,
+  release finished rows; a prompt waits while every row is busy. Returns each prompt's
+  tokens and the tiers seen."""
+  taus = taus or [1.0] * len(schedule)
+  got, tiers, call, admitted = {}, set(), 0, set()
+  while sum(isinstance(k, int) for k in got) < len(schedule):
+    for i, at in enumerate(schedule):
+      if at <= call and i not in admitted and pool.live_rows() < pool.capacity():
+        pool.admit(i, PROMPTS[i % len(PROMPTS)] + [i], taus[i], N)
+        admitted.add(i)
+    tiers.add(pool.tier)
+    new, ended, _ = pool.step(forwards)
+    for i, toks in new.items():
+      got.setdefault(("t", i), []).extend(toks)
+    for i in ended:
+      got[i] = got.pop(("t", i))
+      pool.release(i)
+    call += 1
+  return {i: got[i] for i in range(len(schedule))}, tiers
+
+
+def test_ar_rows_equal_ar_generate_through_admits_releases_and_tiers():
+  model = tiny_model()
+  pool = SlotPool(model, "ar", slots=48, batch_sizes=(1, 2, 4))
+  schedule = [0, 0, 1, 1, 2, 5, 5]  # up to 4 at once, rows reused, tiers up and down
+  got, tiers = drive(pool, schedule)
+  for i in range(len(schedule)):
+    want = ar.generate(model, [PROMPTS[i % len(PROMPTS)] + [i]], N).rows()[0]
+    assert got[i] == want, i
+  assert {1, 2, 4} <= tiers
+  assert pool.live_rows() == 0 and pool.tier == 1
+
+
+def test_mars_rows_equal_mars_generate_with_per_row_tau():
+  model = tiny_model()
+  pool = SlotPool(model, "mars", slots=64, batch_sizes=(1, 4), block=3)
+  taus = [0.5, 1.0, 0.3, 0.8, 0.5]
+  got, _ = drive(pool, [0, 0, 0, 2, 3], taus, forwards=2)
+  for i, tau in enumerate(taus):
+    want = mars.generate(model, [PROMPTS[i % len(PROMPTS)] + [i]], N, block=3, tau=tau,
+                         mask_id=MASK).rows()[0]
+    assert got[i] == want, (i, tau)
+  # tau 1 is AR greedy
+  assert got[1] == ar.generate(model, [PROMPTS[1] + [1]], N).rows()[0]
+
+
+def test_stop_token_budget_and_full_slots_end_a_row():
+  model = tiny_model()
+  first = ar.generate(model, [PROMPTS[0]], 4).rows()[0]
+  pool = SlotPool(model, "ar", slots=32, batch_sizes=(2,), stop_ids=(first[2],))
+  pool.admit("a", PROMPTS[0], max_new_tokens=50)
+  pool.admit("b", PROMPTS[2], max_new_tokens=2)
+  new, ended, _ = pool.step(8)
+  assert new["a"] == first[:3] and ended["a"] == "stop"
+  assert len(new["b"]) == 2 and ended["b"] == "budget"
+  pool.release("a")
+  pool.release("b")
+  # 16 slots hold the prompt (bucket 16, less its last token) and 16 - 15 = 1 more window
+  pool = SlotPool(model, "ar", slots=18, batch_sizes=(1,))
+  pool.admit("c", PROMPTS[0], max_new_tokens=50)
+  new, ended, _ = pool.step(20)
+  assert ended["c"] == "slots" and 1 <= len(new["c"]) < 20
+
+
+def test_bad_admits():
+  pool = SlotPool(tiny_model(), "ar", slots=24, batch_sizes=(1,))
+  with pytest.raises(CardjaxError, match="empty prompt"):
+    pool.admit("x", [])
+  with pytest.raises(CardjaxError, match="leaves no room"):
+    pool.admit("x", list(range(1, 40)))
+  pool.admit("x", [1, 2])
+  with pytest.raises(CardjaxError, match="already owns"):
+    pool.admit("x", [1, 2])
+  with pytest.raises(CardjaxError, match="rows are busy"):
+    pool.admit("y", [1, 2])
+  with pytest.raises(CardjaxError, match="decodes"):
+    SlotPool(tiny_model(), "card", slots=24)
