@@ -154,8 +154,9 @@ class Engine:
 
   def continuous(self, s: Settings) -> bool:
     """Whether requests with these settings decode in a SlotPool (module docstring)."""
-    return (self.slots > 0 and s.method in ("ar", "mars") and not s.verify
-            and s.seed is None)
+    # A SlotPool lives on one device: a server over a device mesh decodes in chunks.
+    return (self.slots > 0 and self.mesh is None and s.method in ("ar", "mars")
+            and not s.verify and s.seed is None)
 
   def context(self, s: Settings) -> int:
     """Positions a request's prompt and completion share."""
