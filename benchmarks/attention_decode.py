@@ -15,7 +15,6 @@ each row's last written tile.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 
@@ -55,17 +54,6 @@ def inputs(kind, block, tq, b, h, kvh, d, slots, fill, dtype):
   return spec, q, k, v, q_meta, k_meta
 
 
-def timed(fn, *args, repeats: int = 10) -> float:
-  import jax
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times))
-
-
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -80,6 +68,8 @@ def main() -> None:
 
   import jax
   import jax.numpy as jnp
+
+  from attention import timed  # benchmarks/attention.py, beside this script
 
   from cardjax import machine
   from cardjax.attention import cache_attention
@@ -119,9 +109,9 @@ def main() -> None:
       spec, q, k, v, qm, km = inputs(kind, block, tq, b, h, kvh, d, slots, fill,
                                      jnp.bfloat16)
       xla = timed(jax.jit(lambda q, k, v, qm, km, spec=spec: cache_attention(
-          q, k, v, spec, qm, km)), q, k, v, qm, km)
+          q, k, v, spec, qm, km)), q, k, v, qm, km, repeats=10)
       kern = timed(jax.jit(lambda q, k, v, qm, km, spec=spec: pallas_decode_attention(
-          q, k, v, spec, qm, km)), q, k, v, qm, km)
+          q, k, v, spec, qm, km)), q, k, v, qm, km, repeats=10)
       read = 2 * b * kvh * fill * d * 2  # k and v, bf16
       report(f"| {name} | {slots} | {xla * 1e3:.3f} | {kern * 1e3:.3f} | {xla / kern:.2f}x | "
              f"{read / kern / 1e9:.0f} |")

@@ -70,13 +70,19 @@ def current_platform() -> str:
   return {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
 
 
-def _pallas_gpu():
+def _kernel(name: str):
+  """The Pallas kernel module cardjax/attention/{name}.py (pallas_gpu, pallas_decode),
+  imported on first use: a jax without Pallas's Triton module fails here, with the fix."""
+  import importlib
   try:
-    from cardjax.attention import pallas_gpu
+    return importlib.import_module(f"cardjax.attention.{name}")
   except ImportError as e:
-    raise AttentionImplError(f"attention_impl=pallas_gpu: cardjax/attention/pallas_gpu.py "
-                             f"cannot be imported ({e}); {FIX}") from None
-  return pallas_gpu
+    raise AttentionImplError(f"cardjax/attention/{name}.py cannot be imported ({e}); "
+                             f"{FIX}") from None
+
+
+def _pallas_gpu():
+  return _kernel("pallas_gpu")
 
 
 def _cudnn_reason(spec: MaskSpec, q_len: int, k_len: int, head_dim: int, dtype) -> str | None:
@@ -190,12 +196,7 @@ CACHED_KERNEL = {"pallas_gpu": "pallas_decode", "cudnn": "pallas_decode"}
 
 
 def _pallas_decode():
-  try:
-    from cardjax.attention import pallas_decode
-  except ImportError as e:
-    raise AttentionImplError(f"cardjax/attention/pallas_decode.py cannot be imported ({e}); "
-                             f"{FIX}") from None
-  return pallas_decode
+  return _kernel("pallas_decode")
 
 
 def cached_choose(impl: str, spec: MaskSpec, q_shape, slots: int, dtype=jnp.float32, *,
