@@ -330,7 +330,7 @@ def test_bad_input_errors():
     call(q, k, k, spec, q_meta, tuple(x[:, :8] for x in k_meta))
   with pytest.raises(ValueError, match=r"integer \[batch, tq\]"):
     call(q, k, k, spec, tuple(x.astype(np.float32) for x in q_meta), k_meta)
-  with pytest.raises(ValueError, match="positions, streams, segments"):
+  with pytest.raises(ValueError, match="positions, streams, segment_ids"):
     call(q, k, k, spec, q_meta[:2], k_meta)
   with pytest.raises(ValueError, match=r"\[batch, tq, heads, head_dim\]"):
     call(q[0], k, k, spec, q_meta, k_meta)

@@ -50,8 +50,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from cardjax.attention.kernel_checks import check_inputs
 from cardjax.attention.masks import MaskSpec
-from cardjax.attention.pallas_gpu import DTYPES, HEAD_DIMS, MIN_BLOCK, _dot, _pow2_block
+from cardjax.attention.pallas_gpu import HEAD_DIMS, MIN_BLOCK, _dot, _pow2_block
 
 # 64 x 64 tiles: q, the f32 accumulator and one k/v tile fit in registers for head_dim 128
 # (as pallas_gpu's forward); a decode step's few rows are padded to 16 only, not to 64.
@@ -154,37 +155,6 @@ def _merge(acc, m, l):
   return jnp.sum(w[..., None] * acc, axis=2) / jnp.where(total == 0.0, 1.0, total)[..., None]
 
 
-def _check(q, k, v, spec, q_meta, k_meta):
-  """One clear ValueError for bad input, before any device work."""
-  for name, x in (("q", q), ("k", k), ("v", v)):
-    if x.ndim != 4:
-      want = "tq, heads" if name == "q" else "kv_heads, slots"
-      raise ValueError(f"{name} must be [batch, {want}, head_dim], got shape {x.shape}")
-  b, tq, h, d = q.shape
-  if k.shape != v.shape:
-    raise ValueError(f"k and v shapes differ: {k.shape} vs {v.shape}")
-  if k.shape[0] != b or k.shape[3] != d:
-    raise ValueError(f"k/v {k.shape} do not match q {q.shape} in batch or head_dim "
-                     f"(the cache layout is [batch, kv_heads, slots, head_dim])")
-  if h % k.shape[1]:
-    raise ValueError(f"{h} query heads are not a multiple of {k.shape[1]} kv heads (k, v "
-                     f"are [batch, kv_heads, slots, head_dim], the cache's layout)")
-  if not (q.dtype == k.dtype == v.dtype) or q.dtype not in DTYPES:
-    raise ValueError(f"q, k, v must share one dtype of {[jnp.dtype(t).name for t in DTYPES]}; "
-                     f"got {q.dtype}, {k.dtype}, {v.dtype}")
-  for side, meta, axis, n in (("q_meta", q_meta, "tq", tq),
-                              ("k_meta", k_meta, "slots", k.shape[2])):
-    if len(meta) != 3:
-      raise ValueError(f"{side} must be (positions, streams, segments), got {len(meta)} arrays")
-    for x in meta:
-      if x.shape != (b, n) or not jnp.issubdtype(x.dtype, jnp.integer):
-        raise ValueError(f"{side} arrays must be integer [batch, {axis}] = [{b}, {n}], got "
-                         f"{x.dtype}{list(x.shape)}")
-  reason = unsupported_reason(spec, tq, k.shape[2], d)
-  if reason:
-    raise ValueError(f"pallas_decode_attention cannot serve this call: {reason}")
-
-
 def pallas_decode_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret=None,
                             block_k=None, scale=None, num_splits=None):
   """Attention of a few queries over the KV cache; the contract of cache_attention.
@@ -198,7 +168,8 @@ def pallas_decode_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpre
   to fill a GPU, see TARGET_PROGRAMS). Forward only.
   """
   q_meta, k_meta = (tuple(jnp.asarray(x) for x in m) for m in (q_meta, k_meta))
-  _check(q, k, v, spec, q_meta, k_meta)
+  check_inputs(q, k, v, spec, q_meta, k_meta, kernel="pallas_decode_attention", cache_layout=True,
+               unsupported=unsupported_reason)
   if interpret is None:
     interpret = jax.default_backend() != "gpu"
   b, tq, h, d = q.shape

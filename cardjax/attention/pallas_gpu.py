@@ -57,6 +57,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from cardjax.attention.kernel_checks import check_inputs
 from cardjax.attention.masks import CLEAN, NOISY, MaskSpec
 
 EMPTY, PARTIAL, FULL = 0, 1, 2  # the values of cardjax.attention.tiles
@@ -67,7 +68,6 @@ BLOCK_Q, BLOCK_K = 128, 64
 BWD_BLOCK_Q, BWD_BLOCK_K = 64, 64
 MIN_BLOCK = 16  # Triton's dot needs every operand dimension >= 16
 HEAD_DIMS = (16, 32, 64, 128)
-DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
 
 def unsupported_reason(spec, q_len: int, k_len: int, head_dim: int) -> str | None:
@@ -318,33 +318,6 @@ class Config:
   bwd_block_k: int
 
 
-def _check(q, k, v, spec, q_meta, k_meta):
-  """One clear error for bad input; returns nothing."""
-  for name, x in (("q", q), ("k", k), ("v", v)):
-    if x.ndim != 4:
-      raise ValueError(f"{name} must be [batch, length, heads, head_dim], got shape {x.shape}")
-  b, tq, h, d = q.shape
-  if k.shape != v.shape:
-    raise ValueError(f"k and v shapes differ: {k.shape} vs {v.shape}")
-  if k.shape[0] != b or k.shape[3] != d:
-    raise ValueError(f"k/v {k.shape} do not match q {q.shape} in batch or head_dim")
-  if h % k.shape[2]:
-    raise ValueError(f"{h} query heads are not a multiple of {k.shape[2]} kv heads")
-  if not (q.dtype == k.dtype == v.dtype) or q.dtype not in DTYPES:
-    raise ValueError(f"q, k, v must share one dtype of {[jnp.dtype(t).name for t in DTYPES]}; "
-                     f"got {q.dtype}, {k.dtype}, {v.dtype}")
-  for side, meta, length in (("q_meta", q_meta, tq), ("k_meta", k_meta, k.shape[1])):
-    if len(meta) != 3:
-      raise ValueError(f"{side} must be (positions, streams, segment_ids), got {len(meta)} arrays")
-    for x in meta:
-      if x.shape != (b, length) or not jnp.issubdtype(x.dtype, jnp.integer):
-        raise ValueError(f"{side} arrays must be integer [batch, length] = [{b}, {length}], "
-                         f"got {x.dtype}{list(x.shape)}")
-  reason = unsupported_reason(spec, tq, k.shape[1], d)
-  if reason:
-    raise ValueError(f"pallas_gpu_attention cannot serve this call: {reason}")
-
-
 def pallas_gpu_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret=None,
                          block_q=None, block_k=None):
   """Block-sparse flash attention; the contract of reference_attention.
@@ -358,7 +331,8 @@ def pallas_gpu_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret=N
   Differentiable: jax.custom_vjp with Pallas dq and dk/dv kernels.
   """
   q_meta, k_meta = (tuple(jnp.asarray(x) for x in m) for m in (q_meta, k_meta))
-  _check(q, k, v, spec, q_meta, k_meta)
+  check_inputs(q, k, v, spec, q_meta, k_meta, kernel="pallas_gpu_attention", cache_layout=False,
+               unsupported=unsupported_reason)
   if interpret is None:
     interpret = jax.default_backend() != "gpu"
   tq, tk = q.shape[1], k.shape[1]
