@@ -1,6 +1,7 @@
 """SlotPool: rows that keep their KV cache across calls give the one-shot decoders' greedy
 tokens whenever they are admitted, whatever rows they share calls with, through tier
-changes and row reuse."""
+changes, span changes (the cache grown and cut to the slots a step can reach) and row
+reuse."""
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ N = 9  # tokens per request
 def drive(pool, schedule, taus=None, forwards=3):
   """Admit the prompts at the steps `schedule` gives (prompt i at call schedule[i]), step,
   release finished rows; a prompt waits while every row is busy. Returns each prompt's
-  tokens and the tiers seen."""
+  tokens and the (tier, span) pairs seen."""
   taus = taus or [1.0] * len(schedule)
   got, tiers, call, admitted = {}, set(), 0, set()
   while sum(isinstance(k, int) for k in got) < len(schedule):
@@ -24,8 +25,8 @@ def drive(pool, schedule, taus=None, forwards=3):
       if at <= call and i not in admitted and pool.live_rows() < pool.capacity():
         pool.admit(i, PROMPTS[i % len(PROMPTS)] + [i], taus[i], N)
         admitted.add(i)
-    tiers.add(pool.tier)
     new, ended, _ = pool.step(forwards)
+    tiers.add((pool.tier, pool.span))
     for i, toks in new.items():
       got.setdefault(("t", i), []).extend(toks)
     for i in ended:
@@ -35,29 +36,61 @@ def drive(pool, schedule, taus=None, forwards=3):
   return {i: got[i] for i in range(len(schedule))}, tiers
 
 
-def test_ar_rows_equal_ar_generate_through_admits_releases_and_tiers():
+@pytest.mark.parametrize("span_min", [0, 4])
+def test_ar_rows_equal_ar_generate_through_admits_releases_and_tiers(span_min):
   model = tiny_model()
-  pool = SlotPool(model, "ar", slots=48, batch_sizes=(1, 2, 4))
+  pool = SlotPool(model, "ar", slots=48, batch_sizes=(1, 2, 4), span_min=span_min)
   schedule = [0, 0, 1, 1, 2, 5, 5]  # up to 4 at once, rows reused, tiers up and down
-  got, tiers = drive(pool, schedule)
+  got, seen = drive(pool, schedule)
   for i in range(len(schedule)):
     want = ar.generate(model, [PROMPTS[i % len(PROMPTS)] + [i]], N).rows()[0]
     assert got[i] == want, i
-  assert {1, 2, 4} <= tiers
+  assert {1, 2, 4} <= {tier for tier, _ in seen}
+  # spans 6, 12, 24, 48: the 16-token prompt buckets and 9 new tokens reach 24 slots only
+  assert {span for _, span in seen} == ({24} if span_min else {48})
   assert pool.live_rows() == 0 and pool.tier == 1
 
 
-def test_mars_rows_equal_mars_generate_with_per_row_tau():
+@pytest.mark.parametrize("span_min", [0, 8])
+def test_mars_rows_equal_mars_generate_with_per_row_tau(span_min):
   model = tiny_model()
-  pool = SlotPool(model, "mars", slots=64, batch_sizes=(1, 4), block=3)
+  pool = SlotPool(model, "mars", slots=64, batch_sizes=(1, 4), block=3, span_min=span_min)
   taus = [0.5, 1.0, 0.3, 0.8, 0.5]
-  got, _ = drive(pool, [0, 0, 0, 2, 3], taus, forwards=2)
+  got, seen = drive(pool, [0, 0, 0, 2, 3], taus, forwards=2)
+  # spans 8, 16, 32, 64: the pool starts at 8 and grows for the prefill and the windows
+  assert {span for _, span in seen} == ({32} if span_min else {64})
   for i, tau in enumerate(taus):
     want = mars.generate(model, [PROMPTS[i % len(PROMPTS)] + [i]], N, block=3, tau=tau,
                          mask_id=MASK).rows()[0]
     assert got[i] == want, (i, tau)
   # tau 1 is AR greedy
   assert got[1] == ar.generate(model, [PROMPTS[1] + [1]], N).rows()[0]
+
+
+@pytest.mark.parametrize("method", ["ar", "mars"])
+def test_span_grows_with_a_long_row_and_shrinks_after_it(method):
+  model = tiny_model()
+  kw = dict(block=3) if method == "mars" else {}
+  pool = SlotPool(model, method, slots=96, batch_sizes=(2,), span_min=8, **kw)
+  want = {n: (ar.generate(model, [PROMPTS[0]], n).rows()[0] if method == "ar" else
+              mars.generate(model, [PROMPTS[0]], n, block=3, tau=0.5, mask_id=MASK).rows()[0])
+          for n in (3, 60)}
+  pool.admit("long", PROMPTS[0], 0.5, 60)
+  got, spans = {"long": []}, []
+  for i in range(40):
+    if i % 3 == 0:  # short requests come and go beside the long one, and after it
+      pool.admit(("short", i), PROMPTS[0], 0.5, 3)
+      got[("short", i)] = []
+    new, ended, _ = pool.step(2)
+    spans.append(pool.span)
+    for key, toks in new.items():
+      got[key].extend(toks)
+    for key in ended:
+      assert got[key] == want[60 if key == "long" else 3], key
+      pool.release(key)
+  assert "long" not in pool.owner  # it ended (and matched) within the 40 steps
+  assert max(spans) > spans[0] and spans[-1] < max(spans), spans  # grew, then shrank
+  assert max(spans) <= 96 and all(s in (12, 24, 48, 96) for s in spans), spans
 
 
 def test_stop_token_budget_and_full_slots_end_a_row():
@@ -91,3 +124,15 @@ def test_bad_admits():
     pool.admit("y", [1, 2])
   with pytest.raises(CardjaxError, match="decodes"):
     SlotPool(tiny_model(), "card", slots=24)
+
+
+def test_compile_steps_covers_every_tier_and_span_a_pool_steps_at():
+  """What a server's warm-up compiles is every step program requests can reach: serving
+  afterwards compiles no step (the gathers between shapes are small and compile lazily)."""
+  pool = SlotPool(tiny_model(), "ar", slots=48, batch_sizes=(1, 2), span_min=8)
+  assert pool.spans == [12, 24, 48]
+  assert pool.compile_steps(3) == 6 == pool._step._cache_size()
+  got, seen = drive(pool, [0, 4, 4, 8])
+  assert pool._step._cache_size() == 6 and len(seen) > 1
+  with pytest.raises(CardjaxError, match="span_min"):
+    SlotPool(tiny_model(), "ar", slots=48, span_min=-1)

@@ -24,8 +24,16 @@ it for length).
 Batch tiers: a forward costs about its rows on a CPU, so the pool keeps the smallest of
 `batch_sizes` that holds its live rows. It grows when an admit needs a row and shrinks when
 the live rows fit a smaller tier, by one gather of the live rows into a new cache (the
-live rows keep their slots, so no row is re-prefilled). Every call has a static shape:
-(tier, slots) for the step, (prompt width bucket, slots) for the admit.
+live rows keep their slots, so no row is re-prefilled).
+
+Spans: every forward's attention reads every slot of the cache, used or not, so the cache
+holds only `span` slots, the smallest of the span buckets (span_min, 2 span_min, ...,
+slots) that the next step can reach: before each step the pool works out, from each row's
+write index and token budget, the furthest slot the step can write, and grows or shrinks
+the span by one copy of the cache. A 64-row cache of SmolLM2 at 256 slots is 755 MB, more
+than the weights' 540 MB: short requests should not pay for the longest one a row may
+hold. Every call has a static shape: (tier, span) for the step, (prompt width bucket) for
+the prefill.
 
 Greedy tokens equal ar.generate / mars.generate for the same prompts (tests/test_slots.py):
 a row's tokens do not depend on when it was admitted or which rows it shared calls with.
@@ -66,10 +74,10 @@ jax.tree_util.register_dataclass(Rows, data_fields=[f.name for f in dataclasses.
                                  meta_fields=[])
 
 
-def _prefill(graphdef, params, tokens, positions, segments, *, slots: int):
-  """A one-row cache of `slots` slots holding the prompt less its last token."""
+def _prefill(graphdef, params, tokens, positions, segments):
+  """A one-row cache holding the prompt less its last token, in as many slots."""
   model = nnx.merge(graphdef, params)
-  cache = KVCache.create(model.cfg, 1, slots)
+  cache = KVCache.create(model.cfg, 1, tokens.shape[1] - 1)
   _, cache = model.forward_cached(tokens[:, :-1], cache, positions=positions[:, :-1],
                                   segment_ids=segments[:, :-1],
                                   logits_at=jnp.zeros((1, 1), jnp.int32))
@@ -79,14 +87,17 @@ def _prefill(graphdef, params, tokens, positions, segments, *, slots: int):
 def _put_row(cache: KVCache, rows: "Rows", row_cache: KVCache, row, last, length, tau,
              budget):
   """`cache` and `rows` with row `row` replaced by a prefilled one-row cache (its index
-  included) and a fresh row state: pending = [last], `length` tokens so far. One call, so
-  an admit is one dispatch besides the prefill."""
-  def put(buf, new, axis):
-    return jax.lax.dynamic_update_index_in_dim(buf, new, row, axis)
-  cache = KVCache(k=put(cache.k, row_cache.k, 1), v=put(cache.v, row_cache.v, 1),
-                  positions=put(cache.positions, row_cache.positions, 0),
-                  streams=put(cache.streams, row_cache.streams, 0),
-                  segments=put(cache.segments, row_cache.segments, 0),
+  included; its slots become the row's first ones, the rest empty) and a fresh row state:
+  pending = [last], `length` tokens so far. One call, so an admit is one dispatch besides
+  the prefill."""
+  def put(buf, new):
+    at = (0, row, 0, 0, 0) if buf.ndim == 5 else (row, 0)
+    return jax.lax.dynamic_update_slice(buf, new, at)
+  segments = cache.segments.at[row].set(EMPTY_SEGMENT)  # the last occupant's slots
+  cache = KVCache(k=put(cache.k, row_cache.k), v=put(cache.v, row_cache.v),
+                  positions=put(cache.positions, row_cache.positions),
+                  streams=put(cache.streams, row_cache.streams),
+                  segments=put(segments, row_cache.segments),
                   index=cache.index.at[row].set(row_cache.index))
   rows = Rows(pending=rows.pending.at[row].set(jnp.zeros_like(rows.pending[0]).at[0].set(last)),
               n_pending=rows.n_pending.at[row].set(1), committed=rows.committed.at[row].set(length),
@@ -95,27 +106,39 @@ def _put_row(cache: KVCache, rows: "Rows", row_cache: KVCache, row, last, length
   return cache, rows
 
 
-def _gather(cache: KVCache, rows: Rows, order):
-  """The cache and row state of rows `order` (-1: an empty row) in that order."""
+def _gather(cache: KVCache, rows: Rows, order, *, span: int):
+  """The cache and row state of rows `order` (-1: an empty row) in that order, the cache
+  cut or padded (empty slots) to `span` slots."""
   take = jnp.maximum(order, 0)
   empty = order < 0
-  k = jnp.take(cache.k, take, axis=1)
-  v = jnp.take(cache.v, take, axis=1)
-  segments = jnp.where(empty[:, None], EMPTY_SEGMENT, cache.segments[take])
-  cache = KVCache(k=k, v=v, positions=cache.positions[take], streams=cache.streams[take],
-                  segments=segments, index=jnp.where(empty, 0, cache.index[take]))
+
+  def fit(x, axis, fill=0):  # slots [0, span): the caller keeps every written one
+    x = jax.lax.slice_in_dim(x, 0, min(span, x.shape[axis]), axis=axis)
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, span - x.shape[axis])
+    return jnp.pad(x, pad, constant_values=fill)
+
+  k = fit(jnp.take(cache.k, take, axis=1), 3)
+  v = fit(jnp.take(cache.v, take, axis=1), 3)
+  segments = fit(jnp.where(empty[:, None], EMPTY_SEGMENT, cache.segments[take]), 1,
+                 EMPTY_SEGMENT)
+  cache = KVCache(k=k, v=v, positions=fit(cache.positions[take], 1),
+                  streams=fit(cache.streams[take], 1), segments=segments,
+                  index=jnp.where(empty, 0, cache.index[take]))
   rows = jax.tree.map(lambda x: x[take], rows)
   return cache, dataclasses.replace(rows, live=rows.live & ~empty)
 
 
 def _step(graphdef, params, cache: KVCache, rows: Rows, stop_ids, pad_id, mask_id,
-          temperature, top_p, rng, *, forwards: int, method: str, block: int, rule: str):
-  """Up to `forwards` forwards for every live row. Returns (cache, rows, out [rows,
-  forwards * max(B, 1)], count [rows], forwards each row was live for [rows])."""
+          temperature, top_p, rng, *, forwards: int, method: str, block: int, rule: str,
+          limit: int):
+  """Up to `forwards` forwards for every live row; a row stops when its next window would
+  pass `limit` slots (the pool's, not the span's: the caller makes the span hold every slot
+  this step writes). Returns (cache, rows, out [rows, forwards * max(B, 1)], count [rows],
+  forwards each row was live for [rows])."""
   model = nnx.merge(graphdef, params)
   b = rows.live.shape[0]
   width = max(block, 1)
-  slots = cache.slots
   out = jnp.full((b, forwards * width), pad_id, jnp.int32)
   count = jnp.zeros((b,), jnp.int32)
   slot = jnp.arange(width)
@@ -170,7 +193,7 @@ def _step(graphdef, params, cache: KVCache, rows: Rows, stop_ids, pad_id, mask_i
     out = out.at[jnp.arange(b)[:, None], idx].set(guess, mode="drop")
     stopped = jnp.any(is_stop & take, axis=1) | (rows.budget - k <= 0)
     # The index is past this forward's kept tokens: the next window is written from it.
-    full = cache.index + (1 if method == "ar" else 2 * block) > slots
+    full = cache.index + (1 if method == "ar" else 2 * block) > limit
     rows = Rows(pending=jnp.where(take, guess, pad_id),
                 n_pending=jnp.where(k > 0, k, rows.n_pending),
                 committed=rows.committed + k, live=rows.live & ~stopped & ~full,
@@ -189,7 +212,7 @@ class SlotPool:
 
   def __init__(self, model, method: str = "ar", *, slots: int, batch_sizes=(1, 4, 16),
                block: int = 4, rule: str = "prob", stop_ids=(), pad_id: int = 0,
-               bucket: int = 16):
+               bucket: int = 16, span_min: int = 64):
     if method not in METHODS:
       raise CardjaxError(f"SlotPool decodes {METHODS}, not {method!r}")
     self.model = freeze(model)
@@ -199,21 +222,32 @@ class SlotPool:
     self.method, self.rule = method, rule
     self.block = block if method == "mars" else 0
     self.window = 1 if method == "ar" else 2 * block
+    self.stride = 1 if method == "ar" else block  # the most a row's index moves a forward
     if slots > cfg.max_position_embeddings + self.window:
       slots = cfg.max_position_embeddings + self.window
     self.slots = slots
+    if span_min < 0:
+      raise CardjaxError(f"span_min={span_min} must be >= 0 (0: every step reads all slots)")
+    self.spans = [slots]  # span buckets, doubling from span_min up to slots
+    while span_min and self.spans[0] // 2 >= span_min:
+      self.spans.insert(0, self.spans[0] // 2)
     self.batch_sizes = tuple(sorted(set(batch_sizes)))
     self.stop_ids = np.asarray(list(stop_ids) or [-1], np.int32)
     self.pad_id, self.bucket = pad_id, bucket
     g = self.model.graphdef
-    self._prefill = jax.jit(functools.partial(_prefill, g), static_argnames="slots")
+    self._prefill = jax.jit(functools.partial(_prefill, g))
     self._put = jax.jit(_put_row, donate_argnums=(0, 1))
-    self._gather = jax.jit(_gather)  # a new shape: nothing to donate into
+    self._gather = jax.jit(_gather, static_argnames="span")  # a new shape: no donation
     self._step = jax.jit(functools.partial(_step, g), donate_argnums=(1, 2),
-                         static_argnames=("forwards", "method", "block", "rule"))
+                         static_argnames=("forwards", "method", "block", "rule", "limit"))
     self.owner: list = []  # per row: the caller's key, None when free
+    # Host copies of each row's write index, token budget and liveness: what the span
+    # needs, without reading the device before every step.
+    self.index = np.zeros(0, np.int64)
+    self.budget = np.zeros(0, np.int64)
+    self.live = np.zeros(0, bool)
     self.cache = self.rows = None
-    self._resize(self.batch_sizes[0], [])
+    self._resize(self.batch_sizes[0], [], self.spans[0])
 
   # -- rows ---------------------------------------------------------------------------
   @property
@@ -226,30 +260,77 @@ class SlotPool:
   def capacity(self) -> int:
     return self.batch_sizes[-1]
 
+  @property
+  def span(self) -> int:
+    return self.cache.slots
+
+  def reach(self, forwards: int) -> int:
+    """Slots the next `forwards` forwards can write into, over every row: a live row moves
+    its index by at most `stride` a forward and by at most its pending tokens and budget in
+    all, then writes one window; a stopped or free row rewrites its window in place."""
+    moved = np.minimum((forwards - 1) * self.stride, self.stride + self.budget)
+    far = self.index + np.where(self.live, moved, 0) + self.window
+    return int(min(far.max(initial=self.window), self.slots))
+
+  def span_for(self, slots: int) -> int:
+    return next(s for s in self.spans if s >= slots)
+
   def prompt_limit(self) -> int:
     """The longest prompt a row takes: room for one window after it."""
     return min(self.slots, self.model.cfg.max_position_embeddings) - self.window
 
-  def _resize(self, tier: int, order: list[int]) -> None:
-    """Rows `order` (old row numbers) become rows 0.. of a cache of `tier` rows."""
+  def _resize(self, tier: int, order: list[int], span: int) -> None:
+    """Rows `order` (old row numbers) become rows 0.. of a cache of `tier` rows and `span`
+    slots."""
     order = list(order) + [-1] * (tier - len(order))
     if self.cache is None:
-      width = max(self.block, 1)
-      state = (KVCache.create(self.model.cfg, tier, self.slots).per_row(),
-               Rows(pending=jnp.zeros((tier, width), jnp.int32),
-                    n_pending=jnp.ones((tier,), jnp.int32),
-                    committed=jnp.ones((tier,), jnp.int32), live=jnp.zeros((tier,), bool),
-                    tau=jnp.ones((tier,), jnp.float32), budget=jnp.zeros((tier,), jnp.int32)))
-      # Committed to the device, as the jitted calls' outputs are: a first call on
-      # uncommitted arrays would compile each program a second time. Copies: create()
-      # shares one zeros buffer between k and v, and the calls donate each.
-      device = jax.devices()[0]
-      self.cache, self.rows = jax.tree.map(lambda x: jax.device_put(jnp.copy(x), device),
-                                           state)
+      self.cache, self.rows = self._empty(tier, span)
       self.owner = [None] * tier
+      self.index, self.budget = np.zeros(tier, np.int64), np.zeros(tier, np.int64)
+      self.live = np.zeros(tier, bool)
       return
-    self.cache, self.rows = self._gather(self.cache, self.rows, jnp.asarray(order, jnp.int32))
+    self.cache, self.rows = self._gather(self.cache, self.rows, jnp.asarray(order, jnp.int32),
+                                         span=span)
     self.owner = [self.owner[i] if i >= 0 else None for i in order]
+    keep = np.asarray(order) >= 0
+    at = np.maximum(order, 0)
+    self.index = np.where(keep, self.index[at], 0)
+    self.budget = np.where(keep, self.budget[at], 0)
+    self.live = keep & self.live[at]
+
+  def _empty(self, tier: int, span: int) -> tuple[KVCache, Rows]:
+    """A cache and row state with no row live."""
+    width = max(self.block, 1)
+    state = (KVCache.create(self.model.cfg, tier, span).per_row(),
+             Rows(pending=jnp.zeros((tier, width), jnp.int32),
+                  n_pending=jnp.ones((tier,), jnp.int32),
+                  committed=jnp.ones((tier,), jnp.int32), live=jnp.zeros((tier,), bool),
+                  tau=jnp.ones((tier,), jnp.float32), budget=jnp.zeros((tier,), jnp.int32)))
+    # Committed to the device, as the jitted calls' outputs are: a first call on
+    # uncommitted arrays would compile each program a second time. Copies: create()
+    # shares one zeros buffer between k and v, and the calls donate each.
+    device = jax.devices()[0]
+    return jax.tree.map(lambda x: jax.device_put(jnp.copy(x), device), state)
+
+  def compile_steps(self, forwards: int, log=None) -> int:
+    """Compile the step of `forwards` forwards for every (tier, span) before serving (it
+    runs no forward: no row is live). Returns the number of programs."""
+    n = 0
+    for tier in self.batch_sizes:
+      for span in self.spans:
+        if log:
+          log(f"step batch {tier}, span {span}")
+        cache, rows = self._empty(tier, span)
+        self._call_step(cache, rows, forwards, 0.0, 1.0, 0)
+        n += 1
+    return n
+
+  def _call_step(self, cache, rows, forwards, temperature, top_p, seed):
+    return self._step(
+        self.model.state, cache, rows, self.stop_ids, np.int32(self.pad_id),
+        np.int32(self.model.cfg.mask_token_id), np.float32(temperature), np.float32(top_p),
+        jax.random.key(seed), forwards=forwards, method=self.method, block=self.block,
+        rule=self.rule, limit=self.slots)
 
   def _fit(self, need: int) -> None:
     """The smallest tier holding `need` rows, the live rows moved to its first rows."""
@@ -257,7 +338,7 @@ class SlotPool:
     if tier is None:
       raise CardjaxError(f"{need} rows do not fit the largest batch size {self.capacity()}")
     if tier != self.tier:
-      self._resize(tier, [i for i, o in enumerate(self.owner) if o is not None])
+      self._resize(tier, [i for i, o in enumerate(self.owner) if o is not None], self.span)
 
   def admit(self, key, prompt, tau: float = 1.0, max_new_tokens: int = 1) -> None:
     """Prefill `prompt` into a free row owned by `key` (hashable, not None)."""
@@ -278,18 +359,25 @@ class SlotPool:
     if width - 1 + self.window > self.slots:  # the bucket's padding must fit too; 2: the
       tokens, positions, segments, _ = left_pad([prompt], self.pad_id, bucket=2)  # prefill
       # reads width - 1 >= 1 tokens
-    one = self._prefill(self.model.state, tokens, positions, segments, slots=self.slots)
+    if width - 1 > self.span:  # the prefilled slots must fit the span
+      self._resize(self.tier, range(self.tier), self.span_for(width - 1))
+    one = self._prefill(self.model.state, tokens, positions, segments)
     self.cache, self.rows = self._put(self.cache, self.rows, one, row, np.int32(prompt[-1]),
                                       np.int32(len(prompt)), np.float32(tau),
                                       np.int32(max_new_tokens))
     self.owner[row] = key
+    self.index[row], self.budget[row], self.live[row] = width - 1, max_new_tokens, True
 
   def release(self, key) -> None:
     """Free `key`'s row (its request ended or its client left); shrink to a smaller tier
     when the live rows fit one."""
     row = self.owner.index(key)
     self.owner[row] = None
+    # Index 0: a free row rewrites its first window, so its old length does not hold the
+    # span up.
     self.rows = dataclasses.replace(self.rows, live=self.rows.live.at[row].set(False))
+    self.cache = dataclasses.replace(self.cache, index=self.cache.index.at[row].set(0))
+    self.index[row], self.live[row] = 0, False
     live = self.live_rows()
     smaller = next(b for b in self.batch_sizes if b >= max(live, 1))
     if smaller < self.tier:
@@ -301,14 +389,16 @@ class SlotPool:
     the keys whose rows stopped by themselves with the reason: "stop" (a stop token),
     "budget" (max_new_tokens) or "slots" (no room for another window), forwards per key
     (those that produced its tokens)). A stopped row keeps its key until release."""
-    was_live = np.asarray(self.rows.live)
-    self.cache, self.rows, out, count, used = self._step(
-        self.model.state, self.cache, self.rows, self.stop_ids, np.int32(self.pad_id),
-        np.int32(self.model.cfg.mask_token_id), np.float32(temperature), np.float32(top_p),
-        jax.random.key(seed), forwards=forwards, method=self.method, block=self.block,
-        rule=self.rule)
+    was_live = self.live.copy()
+    span = self.span_for(self.reach(forwards))
+    if span != self.span:
+      self._resize(self.tier, range(self.tier), span)
+    self.cache, self.rows, out, count, used = self._call_step(
+        self.cache, self.rows, forwards, temperature, top_p, seed)
     out, count, used = np.asarray(out), np.asarray(count), np.asarray(used)
     live, budget = np.asarray(self.rows.live), np.asarray(self.rows.budget)
+    self.index = np.asarray(self.cache.index).astype(np.int64)
+    self.budget, self.live = budget.astype(np.int64), live.copy()
     tokens, ended, fwd = {}, {}, {}
     for row in np.flatnonzero(was_live):
       key = self.owner[row]

@@ -58,7 +58,8 @@ class Engine:
   def __init__(self, model, tokenizer, objective: str | None, run_config, name: str,
                method: str = "ar", tau: float = 0.95, block: int = 0, verify: bool = False,
                rule: str = "prob", chunk: int = 16, batch_sizes=(1, 4, 16),
-               width_bucket: int = 32, max_tokens: int = 64, mesh=None, slots: int = 512):
+               width_bucket: int = 32, max_tokens: int = 64, mesh=None, slots: int = 512,
+               span_min: int = 64):
     from cardjax.decoding import prompts
     from cardjax.decoding.cli import resolve_block
     from cardjax.decoding.frozen import freeze
@@ -73,7 +74,9 @@ class Engine:
       raise CardjaxError(f"--width-bucket={width_bucket} must be >= 1")
     if slots < 0:
       raise CardjaxError(f"--slots={slots} must be >= 0 (0: chunked decoding only)")
-    self.slots = slots
+    if span_min < 0:
+      raise CardjaxError(f"--span-min={span_min} must be >= 0 (0: every step reads all slots)")
+    self.slots, self.span_min = slots, span_min
     self.pools: dict = {}
     self.model = freeze(model)
     self.cfg = model.cfg
@@ -185,7 +188,7 @@ class Engine:
       self.pools[key] = SlotPool(self.model, s.method, slots=self.context(s),
                                  batch_sizes=self.batch_sizes, block=s.block or 4,
                                  rule=s.rule, stop_ids=stop_ids, pad_id=self.tokenizer.pad_id,
-                                 bucket=prompts_bucket())
+                                 bucket=prompts_bucket(), span_min=self.span_min)
     return self.pools[key]
 
   def release(self, s: Settings, key) -> None:
@@ -243,19 +246,10 @@ class Engine:
         pool.admit(("warm-up", w), [self.tokenizer.pad_id] * w, 1.0, 1)
         pool.release(("warm-up", w))
         shapes += 1
-      # Rows admitted one by one and released one by one: every tier's step, and every
-      # tier change a server makes as requests come and go (one gather each).
-      keys = [("warm-up", i) for i in range(max(self.batch_sizes))]
-      for i, k in enumerate(keys):
-        pool.admit(k, [self.tokenizer.pad_id] * bucket, 1.0, 1)
-        if i + 1 in self.batch_sizes:
-          if log:
-            log(f"cardjax serve: warm-up: step batch {i + 1}")
-          pool.step(self.chunk)  # the served shape: forwards is static
-          shapes += 1
-      for k in keys:
-        pool.release(k)
-      return shapes
+      # The step for every tier and span (forwards is static: the served chunk); the
+      # gathers between tiers and spans are small programs, compiled on first use.
+      return shapes + pool.compile_steps(
+          self.chunk, log and (lambda line: log(f"cardjax serve: warm-up: {line}")))
     for b in self.batch_sizes:
       for w in widths:
         if log:
