@@ -2,6 +2,7 @@
 
   python benchmarks/real_model.py [--root runs/smollm2] [--n 128] [--batches 1,4]
       [--taus 1.0,0.95,0.9,0.8] [--repeats 3] [--out runs/smollm2/bench]
+      [--seeds 0,1,2 --quality-batch 16]
 
 Needs `make smollm2` (the GGUF and its import at ROOT/base) and the two training stages of
 configs/smollm2_135m.py at ROOT/sft and ROOT/mars (docs/real_model.md has the commands).
@@ -17,6 +18,8 @@ Each timing is the whole prompt set decoded `--repeats` times after a warm-up th
 compiles every shape: tokens/s is the median with the range over repeats. Speedups divide
 by AR with a KV cache on the same model at the same batch. Writes results.json,
 real_model.md and real_model.png to --out, each with the machine (cardjax/machine.py).
+With --seeds, the models of each training seed (benchmarks/real_model_train.sh SEED) are
+judged and the quality table gives the mean and range over seeds.
 """
 
 from __future__ import annotations
@@ -131,7 +134,7 @@ def plot(rows: list[dict], quality: list[dict], batches, path: Path, caption: st
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  em = {_key(r): 100 * r["exact_match"] for r in quality}
+  em = {k: 100 * np.mean([r["exact_match"] for r in rs]) for k, rs in by_setting(quality).items()}
   fig, axes = plt.subplots(1, len(batches), figsize=(6 * len(batches), 4.5), squeeze=False)
   for ax, b in zip(axes[0], batches):
     mine = [r for r in rows if r["batch"] == b and _key(r) in em]
@@ -162,6 +165,49 @@ def plot(rows: list[dict], quality: list[dict], batches, path: Path, caption: st
   fig.savefig(path, dpi=110, bbox_inches="tight")
 
 
+def trained_decoders(root: Path, opt: Options, args) -> list[tuple]:
+  """(model, method, model, objective, options, extra) for ROOT/sft and ROOT/mars: AR on
+  both, MARS at each tau (and the 2B window where asked), and --verify."""
+  sft, _ = load(root / "sft")
+  mars, _ = load(root / "mars")
+  run_config = checkpoint.read_run_config(root / "mars" / "checkpoints")
+  block = args.block or int(run_config.objective.block_size)
+  decoders = [("sft", "ar", sft, "ar", opt, {}), ("mars", "ar", mars, "mars", opt, {})]
+  full_taus = [float(t) for t in filter(None, args.full_window_taus.split(","))]
+  for tau in (float(t) for t in args.taus.split(",")):
+    for window in ("fit", "full") if tau in full_taus else ("fit",):
+      decoders.append(("mars", "mars", mars, "mars",
+                       dataclasses.replace(opt, block=block, tau=tau, window=window),
+                       {"tau": tau, "window": window}))
+  decoders.append(("mars", "mars --verify", mars, "mars",
+                   dataclasses.replace(opt, block=block, verify=True), {}))
+  return decoders
+
+
+def by_setting(quality: list[dict]) -> dict[tuple, list[dict]]:
+  """Quality rows grouped by (model, method, tau, window): one row per seed."""
+  out: dict[tuple, list[dict]] = {}
+  for r in quality:
+    out.setdefault(_key(r), []).append(r)
+  return out
+
+
+SPREAD_HEADER = ("| model | method | setting | seeds | exact match mean [range] | "
+                 "tokens/forward mean [range] (batch) |\n|---|---|---|---|---|---|")
+
+
+def fmt_spread(key: tuple, rows: list[dict]) -> str:
+  model, method, tau, window = key
+  setting = ", ".join(f"{k} {v}" for k, v in (("tau", tau), ("window", window)) if v is not None)
+  em = [100 * r["exact_match"] for r in rows]
+  tpf = [r["tokens_per_forward"] for r in rows]
+  same = [r["equals_ar"] for r in rows if "equals_ar" in r]
+  note = f" (= AR tokens in {sum(same)} of {len(same)})" if same else ""
+  return (f"| {model} | {method} | {setting} | {len(rows)} | {np.mean(em):.1f}% "
+          f"[{min(em):.1f}-{max(em):.1f}]{note} | {np.mean(tpf):.2f} "
+          f"[{min(tpf):.2f}-{max(tpf):.2f}] ({rows[0]['batch']}) |")
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -182,7 +228,17 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--max-new-tokens", type=int, default=80)
   parser.add_argument("--block", type=int, default=0, help="MARS B (0: the run's)")
-  parser.add_argument("--skip", default="", help="sections to skip: forward,hf,quality")
+  parser.add_argument("--skip", default="",
+                      help="sections to skip: forward,hf,quality,timing (timing: the tokens/s "
+                           "of the trained models; quality: both)")
+  parser.add_argument("--seeds", default="",
+                      help="training seeds of benchmarks/real_model_train.sh (ROOT/seedS/sft, "
+                           "ROOT/seedS/mars): exact match and tokens/forward for each seed's "
+                           "models, with mean and range; the first seed's are timed. Empty: "
+                           "ROOT/sft and ROOT/mars")
+  parser.add_argument("--quality-batch", type=int, default=0,
+                      help="batch of the quality pass (0: the largest of --batches); a row's "
+                           "tokens do not depend on its batch, its tokens/forward do")
   args = parser.parse_args()
   root = Path(args.root)
   out = Path(args.out or root / "bench")
@@ -216,7 +272,7 @@ def main() -> None:
 
   def judge(model, method, decode, **extra):
     """Exact match and tokens per forward on all n problems (one pass, largest batch)."""
-    t = measure.timed(decode, prompts, max(batches))
+    t = measure.timed(decode, prompts, args.quality_batch or max(batches))
     row = {"model": model, "method": method, "batch": t.batch, **summary(t), **extra,
            "exact_match": measure.exact_match(t.rows, answers, tok)}
     quality.append(row)
@@ -249,31 +305,26 @@ def main() -> None:
     del hf
   if "quality" in skip:
     return
-  sft, _ = load(root / "sft")
-  mars, _ = load(root / "mars")
-  run_config = checkpoint.read_run_config(root / "mars" / "checkpoints")
-  block = args.block or int(run_config.objective.block_size)
-  taus = [float(t) for t in args.taus.split(",")]
-  decoders = [("zero-shot", "ar", base, None, opt, {}), ("sft", "ar", sft, "ar", opt, {}),
-              ("mars", "ar", mars, "mars", opt, {})]
-  full_taus = [float(t) for t in filter(None, args.full_window_taus.split(","))]
-  for tau in taus:
-    for window in ("fit", "full") if tau in full_taus else ("fit",):
-      decoders.append(("mars", "mars", mars, "mars",
-                       dataclasses.replace(opt, block=block, tau=tau, window=window),
-                       {"tau": tau, "window": window}))
-  decoders.append(("mars", "mars --verify", mars, "mars",
-                   dataclasses.replace(opt, block=block, verify=True), {}))
-  made = {i: make_decoder(label.split()[0], model, objective, o)
-          for i, (_, label, model, objective, o, _) in enumerate(decoders)}
-  ar_rows = None
-  for i, (name, method, *_, extra) in enumerate(decoders):
-    got = judge(name, method, made[i], **extra)
-    if (name, method) == ("mars", "ar"):
-      ar_rows = got.rows
-    elif name == "mars" and (extra.get("tau") == 1.0 or method == "mars --verify"):
-      quality[-1]["equals_ar"] = got.rows == ar_rows
-  for b in batches:
+  seeds = [int(x) for x in filter(None, args.seeds.split(","))]
+  roots = [(s, root / f"seed{s}") for s in seeds] or [(None, root)]
+  zero_shot = ("zero-shot", "ar", base, None, opt, {})
+  timed_decoders = None
+  for k, (seed, seed_root) in enumerate(roots):
+    decoders = ([zero_shot] if k == 0 else []) + trained_decoders(seed_root, opt, args)
+    made = {i: make_decoder(label.split()[0], model, objective, o)
+            for i, (_, label, model, objective, o, _) in enumerate(decoders)}
+    ar_rows = None
+    tag = {} if seed is None else {"seed": seed}
+    for i, (name, method, *_, extra) in enumerate(decoders):
+      got = judge(name, method, made[i], **tag, **extra)
+      if (name, method) == ("mars", "ar"):
+        ar_rows = got.rows
+      elif name == "mars" and (extra.get("tau") == 1.0 or method == "mars --verify"):
+        quality[-1]["equals_ar"] = got.rows == ar_rows
+    if k == 0:  # the first seed's models are also timed
+      timed_decoders = (decoders, made)
+  decoders, made = timed_decoders
+  for b in batches if "timing" not in skip else []:
     base_run = None
     for i, (name, method, *_, extra) in enumerate(decoders):
       t = measure.timed(made[i], timing, b, args.repeats)
@@ -282,6 +333,9 @@ def main() -> None:
       add(name, method, t, base_run if name == "mars" and method != "ar" else None, **extra)
   md = [f"Machine: {caption}", "", "Quality (all problems):", "", QUALITY_HEADER]
   md += [fmt_quality(r) for r in quality]
+  if seeds:
+    md += ["", f"Quality over training seeds {args.seeds}: mean [range]", "", SPREAD_HEADER]
+    md += [fmt_spread(k, rs) for k, rs in by_setting(quality).items()]
   md += ["", f"Speed (first {len(timing)} problems, {args.repeats} repeats):", "", HEADER]
   md += [fmt(r) for r in rows]
   (out / "real_model.md").write_text("\n".join(md) + "\n")
@@ -294,7 +348,7 @@ QUALITY_HEADER = ("| model | method | setting | exact match | tokens/forward (ba
 
 
 def fmt_quality(row: dict) -> str:
-  setting = ", ".join(f"{k} {v}" for k, v in row.items() if k in ("tau", "window"))
+  setting = ", ".join(f"{k} {v}" for k, v in row.items() if k in ("seed", "tau", "window"))
   same = {True: " (= AR tokens)", False: " (differs from AR)"}.get(row.get("equals_ar"), "")
   return (f"| {row['model']} | {row['method']} | {setting} | "
           f"{100 * row['exact_match']:.1f}%{same} | {row['tokens_per_forward']:.2f} "
