@@ -51,9 +51,11 @@ def checkpoint(args) -> Path:
     return DEFAULT_RUN
   init = Path(args.out) / "init"
   if not (init / "checkpoints").is_dir():
-    subprocess.run([sys.executable, "-m", "cardjax.cli", "init", "--config",
-                    "configs/decode_bench.py:sft", "--workdir", str(init)], cwd=ROOT,
-                   check=True)
+    for command in (["data", "build", "arith_sft"], ["init"]):  # the tokenizer, the weights
+      subprocess.run([sys.executable, "-m", "cardjax.cli", *command, "--config",
+                      "configs/decode_bench.py:sft", *(["--workdir", str(init)]
+                                                       if command == ["init"] else [])],
+                     cwd=ROOT, check=True)
   return init
 
 

@@ -32,15 +32,19 @@ def manager(directory: str | Path, max_to_keep: int | None = None, create: bool 
 
 
 def save_model(directory: str | Path, model: Decoder, step: int = 0,
-               assets_from: str | Path | None = None, data_loader=None) -> Path:
+               assets_from: str | Path | None = None, data_loader=None,
+               run_config=None) -> Path:
   """Save the parameters and model config as `step` (and a DataLoader's iterator state, so a
-  resumed run gets exactly the next batches); copy tokenizer files once."""
+  resumed run gets exactly the next batches; and the run config, where its tokenizer is
+  found); copy tokenizer files once."""
   directory = Path(directory).absolute()
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   items = dict(params=ocp.args.StandardSave(params),
                model_config=ocp.args.JsonSave(model.cfg.to_dict()))
   if data_loader is not None:
     items["data"] = data_loader.checkpoint_save()
+  if run_config is not None:
+    items["config"] = ocp.args.JsonSave(run_config.to_dict())
   with manager(directory) as mngr:
     mngr.save(step, args=ocp.args.Composite(**items))
     mngr.wait_until_finished()

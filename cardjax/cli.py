@@ -55,7 +55,10 @@ def cmd_init(args, overrides) -> None:
 
   config = load_config(args.config, overrides)
   model = create_model(model_config(config), seed=config.seed, mesh=_mesh())
-  path = checkpoint.save_model(Path(args.workdir) / "checkpoints", model, step=0)
+  # The run config goes with it, as a training run's does: serve, generate and eval find
+  # the config's tokenizer there.
+  path = checkpoint.save_model(Path(args.workdir) / "checkpoints", model, step=0,
+                               run_config=config)
   print(f"initialised {param_count(model):,} parameters -> {path}")
 
 

@@ -25,6 +25,7 @@ def test_init_export_import_export_is_bit_exact(tmp_path, capsys):
   assert main(["init", *TINY, "--workdir", str(tmp_path / "run")]) == 0
   ckpt = tmp_path / "run" / "checkpoints"
   assert checkpoint.latest_step(ckpt) == 0
+  assert checkpoint.read_run_config(ckpt).model.hidden_size == 32  # its tokenizer's source
   assert main(["export-hf", str(ckpt), str(tmp_path / "hf1")]) == 0
   # Tokenizer files travel with an import and come back out with the export.
   (tmp_path / "hf1" / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 64}))
