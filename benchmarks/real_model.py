@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -239,6 +240,9 @@ def main() -> None:
   parser.add_argument("--quality-batch", type=int, default=0,
                       help="batch of the quality pass (0: the largest of --batches); a row's "
                            "tokens do not depend on its batch, its tokens/forward do")
+  parser.add_argument("--reuse", action="store_true",
+                      help="keep the quality rows already in OUT/results.json (same --n and "
+                           "--max-new-tokens) and judge only the seeds and settings missing")
   args = parser.parse_args()
   root = Path(args.root)
   out = Path(args.out or root / "bench")
@@ -265,22 +269,34 @@ def main() -> None:
     (out / "results.json").write_text(json.dumps(results, indent=1))  # kept by --skip quality
 
   rows, quality = [], []
+  kept = {}  # judged rows of an earlier run of this command (--reuse)
+  if args.reuse and (out / "results.json").is_file():
+    before = json.loads((out / "results.json").read_text())
+    same = all(before["args"].get(k) == getattr(args, k) for k in ("n", "max_new_tokens"))
+    kept = {(r.get("seed"), *_key(r)): r for r in before.get("quality", []) if same}
+    print(f"== reusing {len(kept)} judged rows of {out}/results.json", flush=True)
 
   def save():
     (out / "results.json").write_text(json.dumps(
         {**results, "rows": rows, "quality": quality}, indent=1))
 
-  def judge(model, method, decode, **extra):
-    """Exact match and tokens per forward on all n problems (one pass, largest batch)."""
+  def judge(model, method, decode, **extra) -> str:
+    """Exact match and tokens per forward on all n problems (one pass, largest batch).
+    Returns a digest of the decoded rows."""
+    row = kept.get((extra.get("seed"), *_key({"model": model, "method": method, **extra})))
+    if row is not None:
+      quality.append(row)
+      return row["rows_sha1"]
     t = measure.timed(decode, prompts, args.quality_batch or max(batches))
     row = {"model": model, "method": method, "batch": t.batch, **summary(t), **extra,
-           "exact_match": measure.exact_match(t.rows, answers, tok)}
+           "exact_match": measure.exact_match(t.rows, answers, tok),
+           "rows_sha1": hashlib.sha1(json.dumps(t.rows).encode()).hexdigest()}
     quality.append(row)
     print(f"quality: {model} {method} {extra}: EM {100 * row['exact_match']:.1f}% on "
           f"{len(prompts)}, {row['tokens_per_forward']:.2f} tokens/forward at batch {t.batch}",
           flush=True)
     save()
-    return t
+    return row["rows_sha1"]
 
   def add(model, method, timed: measure.Run, base_run: measure.Run | None, **extra):
     row = {"model": model, "method": method, "batch": timed.batch, **summary(timed), **extra}
@@ -318,9 +334,9 @@ def main() -> None:
     for i, (name, method, *_, extra) in enumerate(decoders):
       got = judge(name, method, made[i], **tag, **extra)
       if (name, method) == ("mars", "ar"):
-        ar_rows = got.rows
+        ar_rows = got
       elif name == "mars" and (extra.get("tau") == 1.0 or method == "mars --verify"):
-        quality[-1]["equals_ar"] = got.rows == ar_rows
+        quality[-1]["equals_ar"] = got == ar_rows
     if k == 0:  # the first seed's models are also timed
       timed_decoders = (decoders, made)
   decoders, made = timed_decoders

@@ -3,7 +3,6 @@ tokens whenever they are admitted, whatever rows they share calls with, through 
 changes, span changes (the cache grown and cut to the slots a step can reach) and row
 reuse."""
 
-import numpy as np
 import pytest
 
 from cardjax.decoding import ar, mars

@@ -118,6 +118,33 @@ def check_args(tau: float, block: int, mask_id: int, rule: str, temperature: flo
     raise CardjaxError(f"top_p={top_p} must lie in (0, 1] (1 = the whole vocabulary)")
 
 
+def window_inputs(pending, n_pending, committed, mask_id, w: int, block: int):
+  """The forward's inputs for the window [pending[:, :w] | B masks] of each row: ids,
+  positions, segment ids (0 on pending slots past the row's n_pending: padding) and
+  logits_at, the w + B slots that take a distribution: the last real pending token (for
+  mask 0) and masks 0..B-2. The other pending tokens and the last mask need no LM head."""
+  b = pending.shape[0]
+  slot = jnp.arange(block)[None]
+  at = jnp.arange(w)[None]
+  valid = at < n_pending[:, None]
+  pend_pos = committed[:, None] - n_pending[:, None] + at
+  ids = jnp.concatenate([pending[:, :w], jnp.full((b, block), mask_id, jnp.int32)], axis=1)
+  pos = jnp.concatenate([jnp.where(valid, pend_pos, 0), committed[:, None] + slot], axis=1)
+  seg = jnp.concatenate([valid.astype(jnp.int32), jnp.ones((b, block), jnp.int32)], axis=1)
+  # A done row's n_pending may exceed w: clipped, its outputs are not used.
+  last = (jnp.minimum(n_pending, w) - 1)[:, None]
+  need = jnp.concatenate([last, jnp.broadcast_to(w + slot[:, :-1], (b, block - 1))], 1)
+  return ids, pos, seg, need
+
+
+def judge_window(logits, tau, rule: str, temperature, top_p, key):
+  """The window's B guesses and how many each row accepts (accept_count at its tau)."""
+  probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+  guess = pick_tokens(jnp.argmax(probs, axis=-1).astype(jnp.int32), logits, key,
+                      temperature, top_p)
+  return guess, accept_count(probs, tau, rule, guess)
+
+
 def pending_widths(block: int, window: str) -> tuple[int, ...]:
   """The compiled widths of the pending part of a window: (B,) for "full"; for "fit" the
   powers of two below B and B itself: a pending run of n reads fewer than 2n slots, from
@@ -152,7 +179,6 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
   count = jnp.zeros((b,), jnp.int32)
   done = jnp.zeros((b,), bool)
   slot = jnp.arange(block)
-  masks = jnp.full((b, block), mask_id, jnp.int32)
   widths = pending_widths(block, window)
 
   def live(carry):
@@ -162,30 +188,16 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
     """The loop body with the window [pending[:, :w] | B masks] (w + B tokens)."""
     def body(carry):
       cache, pending, n_pending, committed, out, done, count, forwards, rng = carry
-      at = jnp.arange(w)[None]
-      valid = at < n_pending[:, None]
-      pend_pos = committed[:, None] - n_pending[:, None] + at
-      ids = jnp.concatenate([pending[:, :w], masks], axis=1)
-      pos = jnp.concatenate([jnp.where(valid, pend_pos, 0), committed[:, None] + slot[None]],
-                            axis=1)
-      seg = jnp.concatenate([valid.astype(jnp.int32), jnp.ones((b, block), jnp.int32)], axis=1)
+      ids, pos, seg, need = window_inputs(pending, n_pending, committed, mask_id, w, block)
       start = cache.index
-      # Logits only where a slot takes its distribution: the last pending token (a done
-      # row's run may exceed w: clipped, its outputs are not used) and masks 0..B-2. The
-      # other w - 1 pending tokens and the last mask need no LM head.
-      last = (jnp.minimum(n_pending, w) - 1)[:, None]
-      need = jnp.concatenate([last, jnp.broadcast_to(w + slot[None, :-1], (b, block - 1))], 1)
       slot_logits, cache = model.forward_cached(ids, cache, positions=pos, segment_ids=seg,
                                                 logits_at=need)
       # Keep the real pending keys: the next window starts after them (a done row stays).
       cache = dataclasses.replace(cache, index=start + jnp.where(done, 0, n_pending))
       if len(widths) > 1:  # see the module docstring: stale scratch must not stay visible
         cache = cache.forget_scratch(2 * block)
-      probs = jax.nn.softmax(slot_logits.astype(jnp.float32), axis=-1)
       rng, key = jax.random.split(rng)
-      guess = pick_tokens(jnp.argmax(probs, axis=-1).astype(jnp.int32), slot_logits, key,
-                          temperature, top_p)
-      k = accept_count(probs, tau, rule, guess)
+      guess, k = judge_window(slot_logits, tau, rule, temperature, top_p, key)
       # Stop at the first stop token and at the token budget.
       is_stop = jnp.isin(guess, stop_ids) & (slot[None] < k[:, None])
       first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1) + 1, block)

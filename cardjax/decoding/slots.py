@@ -51,7 +51,7 @@ from flax import nnx
 
 from cardjax.decoding.ar import sample_tokens
 from cardjax.decoding.frozen import freeze
-from cardjax.decoding.mars import accept_count, check_args, pick_tokens
+from cardjax.decoding.mars import check_args, judge_window, window_inputs
 from cardjax.decoding.prompts import left_pad
 from cardjax.errors import CardjaxError
 from cardjax.model.cache import EMPTY_SEGMENT, KVCache
@@ -163,23 +163,15 @@ def _step(graphdef, params, cache: KVCache, rows: Rows, stop_ids, pad_id, mask_i
   def mars_body(carry):
     cache, rows, out, count, n, rng, used = carry
     live = rows.live
-    at = jnp.arange(block)[None]
-    valid = at < rows.n_pending[:, None]
-    pend_pos = rows.committed[:, None] - rows.n_pending[:, None] + at
-    ids = jnp.concatenate([rows.pending, jnp.full((b, block), mask_id, jnp.int32)], axis=1)
-    pos = jnp.concatenate([jnp.where(valid, pend_pos, 0), rows.committed[:, None] + at], 1)
-    seg = jnp.concatenate([valid.astype(jnp.int32), jnp.ones((b, block), jnp.int32)], 1)
+    # mars.py's full window: all B pending slots, so one program whatever a row keeps.
+    ids, pos, seg, need = window_inputs(rows.pending, rows.n_pending, rows.committed, mask_id,
+                                        block, block)
     start = cache.index
-    need = jnp.concatenate([(rows.n_pending - 1)[:, None],
-                            jnp.broadcast_to(block + slot[None, :-1], (b, block - 1))], 1)
     logits, cache = model.forward_cached(ids, cache, positions=pos, segment_ids=seg,
                                          logits_at=need)
     cache = dataclasses.replace(cache, index=start + jnp.where(live, rows.n_pending, 0))
-    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
     rng, key = jax.random.split(rng)
-    guess = pick_tokens(jnp.argmax(probs, axis=-1).astype(jnp.int32), logits, key,
-                        temperature, top_p)
-    k = accept_count(probs, rows.tau[:, None], rule, guess)
+    guess, k = judge_window(logits, rows.tau[:, None], rule, temperature, top_p, key)
     return commit(cache, rows, out, count, n, rng, used, guess, jnp.where(live, k, 0))
 
   def commit(cache, rows, out, count, n, rng, used, guess, k):
