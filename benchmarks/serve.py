@@ -2,7 +2,7 @@
 
   python benchmarks/serve.py [--checkpoint RUN] [--methods ar,mars] [--levels 1,4,16,64]
       [--requests 4] [--max-tokens 32] [--batch-sizes 1,4,16,64] [--chunk 16]
-      [--schedulers continuous,chunked] [--slots 256]
+      [--schedulers continuous,continuous-full,chunked] [--slots 256] [--span-min 64]
       [--url http://127.0.0.1:8000] [--out runs/serve_bench]
 
 For each method it starts a server on a free loopback port with --warmup-width (every
@@ -10,8 +10,10 @@ compiled batch size and prompt width is built before serving; or, with --url, it
 server running there with whatever method it serves), then runs each level: C client threads, each
 sending --requests chat completions one after another (arithmetic questions, greedy,
 ignore_eos so every request writes exactly --max-tokens tokens and the levels compare like
-for like). --schedulers runs each method twice: `continuous` (rows keep their KV cache,
-`cardjax serve --slots N`) and `chunked` (`--slots 0`: every chunk re-prefills its rows).
+for like). --schedulers runs each method once per scheduler: `continuous` (rows keep their
+KV cache, `cardjax serve --slots N --span-min S`: a step reads only the span its rows
+reach), `continuous-full` (the same with `--span-min 0`: every step reads all N slots) and
+`chunked` (`--slots 0`: every chunk re-prefills its rows).
 Per level: generated tokens/s and requests/s over the level's wall time, p50
 and p99 request latency, the mean tokens per forward the server reported. The table and
 the machine go to stdout and --out/results.json.
@@ -66,7 +68,8 @@ def start(run: Path, method: str, scheduler: str, args) -> tuple[subprocess.Pope
          str(args.chunk), "--model-name", "bench", "--warmup-width", str(args.warmup_width)]
   if method != "ar":
     cmd += ["--objective", "mars", "--tau", str(args.tau)]
-  cmd += ["--slots", str(args.slots if scheduler == "continuous" else 0)]
+  cmd += ["--slots", str(0 if scheduler == "chunked" else args.slots),
+          "--span-min", str(0 if scheduler == "continuous-full" else args.span_min)]
   proc = subprocess.Popen(cmd, cwd=ROOT)
   url = f"http://127.0.0.1:{port}"
   for _ in range(2400):
@@ -141,9 +144,12 @@ def main() -> None:
   parser.add_argument("--chunk", type=int, default=16)
   parser.add_argument("--tau", type=float, default=0.9)
   parser.add_argument("--schedulers", default="continuous",
-                      help="continuous (rows keep their KV cache) and/or chunked")
+                      help="continuous (rows keep their KV cache), continuous-full (the same, "
+                           "each step reading all --slots) and/or chunked")
   parser.add_argument("--slots", type=int, default=256,
                       help="continuous: KV-cache slots per row (prompt + completion)")
+  parser.add_argument("--span-min", type=int, default=64,
+                      help="continuous: the smallest cache span a step reads")
   parser.add_argument("--warmup-width", type=int, default=64,
                       help="the server compiles prompt widths up to this before serving")
   parser.add_argument("--out", default="runs/serve_bench")
@@ -161,8 +167,9 @@ def main() -> None:
   runs = [("(--url)", "")] if args.url else [
       (m, sch) for m in args.methods.split(",") for sch in args.schedulers.split(",")]
   for method, scheduler in runs:
-    if scheduler not in ("", "continuous", "chunked"):
-      raise SystemExit(f"--schedulers: {scheduler!r} is not continuous or chunked")
+    if scheduler not in ("", "continuous", "continuous-full", "chunked"):
+      raise SystemExit(f"--schedulers: {scheduler!r} is not continuous, continuous-full or "
+                       "chunked")
     proc, url = (None, args.url) if args.url else start(run, method, scheduler, args)
     method = f"{method} {scheduler}".strip()
     try:
@@ -180,7 +187,8 @@ def main() -> None:
         proc.wait()
   print(f"\ncardjax serve load test: {run or args.url}, {args.max_tokens} tokens per request "
         f"(ignore_eos), {args.requests} requests per client, batch sizes {args.batch_sizes}, "
-        f"chunk {args.chunk}, continuous: {args.slots} slots a row\nmachine: {machine.line(info)}\n")
+        f"chunk {args.chunk}, continuous: {args.slots} slots a row, spans from "
+        f"{args.span_min}\nmachine: {machine.line(info)}\n")
   print("| method | clients | tokens/s | requests/s | p50 latency s | p99 latency s | "
         "tokens/forward | x 1 client |")
   print("|---|---|---|---|---|---|---|---|")
