@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -244,6 +245,9 @@ def main() -> None:
                       help="keep the quality rows already in OUT/results.json (same --n and "
                            "--max-new-tokens) and judge only the seeds and settings missing")
   args = parser.parse_args()
+  if importlib.util.find_spec("matplotlib") is None:  # before an hour of decoding, not after
+    raise SystemExit("benchmarks/real_model.py draws real_model.png with matplotlib: "
+                     "pip install -e '.[bench]'")
   root = Path(args.root)
   out = Path(args.out or root / "bench")
   out.mkdir(parents=True, exist_ok=True)
@@ -332,7 +336,7 @@ def main() -> None:
     ar_rows = None
     tag = {} if seed is None else {"seed": seed}
     for i, (name, method, *_, extra) in enumerate(decoders):
-      got = judge(name, method, made[i], **tag, **extra)
+      got = judge(name, method, made[i], **(tag if name != "zero-shot" else {}), **extra)
       if (name, method) == ("mars", "ar"):
         ar_rows = got
       elif name == "mars" and (extra.get("tau") == 1.0 or method == "mars --verify"):
@@ -352,8 +356,9 @@ def main() -> None:
   if seeds:
     md += ["", f"Quality over training seeds {args.seeds}: mean [range]", "", SPREAD_HEADER]
     md += [fmt_spread(k, rs) for k, rs in by_setting(quality).items()]
-  md += ["", f"Speed (first {len(timing)} problems, {args.repeats} repeats):", "", HEADER]
-  md += [fmt(r) for r in rows]
+  if rows:
+    md += ["", f"Speed (first {len(timing)} problems, {args.repeats} repeats):", "", HEADER]
+    md += [fmt(r) for r in rows]
   (out / "real_model.md").write_text("\n".join(md) + "\n")
   plot(rows, quality, batches, out / "real_model.png", caption)
   print(f"\nwrote {out}/results.json, real_model.md, real_model.png")
