@@ -231,8 +231,9 @@ def main() -> None:
   parser.add_argument("--max-new-tokens", type=int, default=80)
   parser.add_argument("--block", type=int, default=0, help="MARS B (0: the run's)")
   parser.add_argument("--skip", default="",
-                      help="sections to skip: forward,hf,quality,timing (timing: the tokens/s "
-                           "of the trained models; quality: both)")
+                      help="sections to skip: forward,hf,quality,timing,zero-shot (timing: "
+                           "the tokens/s of the trained models; quality: both; zero-shot: the "
+                           "imported model's rows)")
   parser.add_argument("--seeds", default="",
                       help="training seeds of benchmarks/real_model_train.sh (ROOT/seedS/sft, "
                            "ROOT/seedS/mars): exact match and tokens/forward for each seed's "
@@ -330,7 +331,8 @@ def main() -> None:
   zero_shot = ("zero-shot", "ar", base, None, opt, {})
   timed_decoders = None
   for k, (seed, seed_root) in enumerate(roots):
-    decoders = ([zero_shot] if k == 0 else []) + trained_decoders(seed_root, opt, args)
+    decoders = (([zero_shot] if k == 0 and "zero-shot" not in skip else []) +
+                trained_decoders(seed_root, opt, args))
     made = {i: make_decoder(label.split()[0], model, objective, o)
             for i, (_, label, model, objective, o, _) in enumerate(decoders)}
     ar_rows = None
