@@ -152,6 +152,10 @@ def main() -> None:
                       help="continuous: the smallest cache span a step reads")
   parser.add_argument("--warmup-width", type=int, default=64,
                       help="the server compiles prompt widths up to this before serving")
+  parser.add_argument("--warm-levels", action="store_true",
+                      help="before each level, run it once with one request per client, "
+                           "unrecorded: the small programs a server compiles on first use (row "
+                           "puts, tier and span gathers) are then not in the measured pass")
   parser.add_argument("--out", default="runs/serve_bench")
   args = parser.parse_args()
   os.chdir(ROOT)
@@ -178,6 +182,8 @@ def main() -> None:
       level(url, name, 4, 1, args.max_tokens, seed=999)  # anything the server's missed
       print(f"{method}: warm-up {time.perf_counter() - t:.0f}s", flush=True)
       for c in levels:
+        if args.warm_levels:  # each level's shapes (tiers, spans, gathers) once, unrecorded
+          level(url, name, c, 1, args.max_tokens, seed=1000 + c)
         row = dict(method=method, **level(url, name, c, args.requests, args.max_tokens, c))
         print(json.dumps(row), flush=True)
         results.append(row)
