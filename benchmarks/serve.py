@@ -53,11 +53,11 @@ def checkpoint(args) -> Path:
     return DEFAULT_RUN
   init = Path(args.out) / "init"
   if not (init / "checkpoints").is_dir():
-    for command in (["data", "build", "arith_sft"], ["init"]):  # the tokenizer, the weights
-      subprocess.run([sys.executable, "-m", "cardjax.cli", *command, "--config",
-                      "configs/decode_bench.py:sft", *(["--workdir", str(init)]
-                                                       if command == ["init"] else [])],
-                     cwd=ROOT, check=True)
+    def cli(*argv):
+      subprocess.run([sys.executable, "-m", "cardjax.cli", *argv, "--config",
+                      "configs/decode_bench.py:sft"], cwd=ROOT, check=True)
+    cli("data", "build", "arith_sft")  # the tokenizer the server loads with the run config
+    cli("init", "--workdir", str(init))
   return init
 
 

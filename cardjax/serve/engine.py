@@ -240,7 +240,7 @@ class Engine:
     shapes = 0
     if self.continuous(self.default):
       pool = self.pool(self.default)
-      for w in widths:  # the prefill per width, the step per tier (rows admitted to fill it)
+      for w in widths:  # the prefill (and its row put) per width
         if log:
           log(f"cardjax serve: warm-up: prefill width {w}")
         pool.admit(("warm-up", w), [self.tokenizer.pad_id] * w, 1.0, 1)
