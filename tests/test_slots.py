@@ -5,7 +5,7 @@ reuse."""
 
 import pytest
 
-from cardjax.decoding import ar, mars
+from cardjax.decoding import ar, mars, slots
 from cardjax.decoding.slots import SlotPool
 from cardjax.errors import CardjaxError
 from decoding_helpers import MASK, PROMPTS, tiny_model
@@ -14,16 +14,17 @@ N = 9  # tokens per request
 
 
 def drive(pool, schedule, taus=None, forwards=3):
-  """Admit the prompts at the steps `schedule` gives (prompt i at call schedule[i]), step,
-  release finished rows; a prompt waits while every row is busy. Returns each prompt's
+  """Admit the prompts at the steps `schedule` gives (prompt i at call schedule[i]; those
+  due together in one admit_many), step, release finished rows; a prompt waits while every
+  row is busy. Returns each prompt's
   tokens and the (tier, span) pairs seen."""
   taus = taus or [1.0] * len(schedule)
   got, tiers, call, admitted = {}, set(), 0, set()
   while sum(isinstance(k, int) for k in got) < len(schedule):
-    for i, at in enumerate(schedule):
-      if at <= call and i not in admitted and pool.live_rows() < pool.capacity():
-        pool.admit(i, PROMPTS[i % len(PROMPTS)] + [i], taus[i], N)
-        admitted.add(i)
+    due = [i for i, at in enumerate(schedule) if at <= call and i not in admitted]
+    due = due[:pool.capacity() - pool.live_rows()]
+    pool.admit_many((i, PROMPTS[i % len(PROMPTS)] + [i], taus[i], N) for i in due)
+    admitted.update(due)
     new, ended, _ = pool.step(forwards)
     tiers.add((pool.tier, pool.span))
     for i, toks in new.items():
@@ -92,6 +93,28 @@ def test_span_grows_with_a_long_row_and_shrinks_after_it(method):
   assert max(spans) <= 96 and all(s in (12, 24, 48, 96) for s in spans), spans
 
 
+def test_batched_admits_split_by_width_and_prefill_rows(monkeypatch):
+  """Prompts admitted together prefill in batches of PREFILL_ROWS per width bucket (a
+  16-token and a 32-token bucket here, padding rows in the odd batch) and decode the
+  tokens each gets alone."""
+  monkeypatch.setattr(slots, "PREFILL_ROWS", 2)
+  model = tiny_model()
+  pool = SlotPool(model, "ar", slots=64, batch_sizes=(1, 2, 8))
+  assert pool.prefill_sizes == (1, 2)
+  prompts = [PROMPTS[0], PROMPTS[3] * 3, PROMPTS[2], PROMPTS[1] + [5], PROMPTS[0] * 4]
+  assert sorted({pool._width(len(p)) for p in prompts}) == [16, 32]
+  pool.admit_many((i, p, 1.0, N) for i, p in enumerate(prompts))
+  assert pool.tier == 8 and pool.live_rows() == 5
+  assert set(pool._prefills) == {(2, 16), (1, 16), (2, 32)}  # 3 short: 2 + 1; 2 long
+  new, ended, _ = pool.step(N)
+  for i, p in enumerate(prompts):
+    assert new[i] == ar.generate(model, [p], N).rows()[0], i
+  with pytest.raises(CardjaxError, match="already owns"):
+    pool.admit_many([("a", [1, 2], 1.0, 1), ("a", [3], 1.0, 1)])
+  with pytest.raises(CardjaxError, match="rows are busy"):
+    pool.admit_many((("b", k), [1, 2], 1.0, 1) for k in range(4))
+
+
 def test_stop_token_budget_and_full_slots_end_a_row():
   model = tiny_model()
   first = ar.generate(model, [PROMPTS[0]], 4).rows()[0]
@@ -131,7 +154,9 @@ def test_compile_steps_covers_every_tier_and_span_a_pool_steps_at():
   pool = SlotPool(tiny_model(), "ar", slots=48, batch_sizes=(1, 2), span_min=8)
   assert pool.spans == [12, 24, 48]
   assert pool.compile_steps(3) == 6 == pool._step._cache_size()
+  assert pool.compile_prefills([16, 32]) == 4 == len(pool._prefills)
   got, seen = drive(pool, [0, 4, 4, 8])
   assert pool._step._cache_size() == 6 and len(seen) > 1
+  assert len(pool._prefills) == 4 and pool._prefill._cache_size() == 0  # none run by jit
   with pytest.raises(CardjaxError, match="span_min"):
     SlotPool(tiny_model(), "ar", slots=48, span_min=-1)

@@ -5,9 +5,10 @@ cache. A server whose requests arrive and finish at different times would then r
 every row at every call. A `SlotPool` instead owns a cache of `rows x slots` that lives
 across calls:
 
-  admit(key, prompt, tau, max_new_tokens)
-                       prefill one prompt into a free row (one batch-1 forward, written into
-                       the row in place); the row then decodes with the others
+  admit_many([(key, prompt, tau, max_new_tokens), ...])
+                       prefill prompts into free rows (one forward per prompt width for up to
+                       PREFILL_ROWS prompts, written into their rows in place); the rows then
+                       decode with the others. admit(key, prompt, ...) admits one.
   step(forwards, ...)  up to `forwards` forwards for every live row (one jitted while loop,
                        leaving early when no row is live); returns each key's new tokens
   release(key)         the key's request is over (or its client left); its row is free
@@ -32,8 +33,13 @@ slots) that the next step can reach: before each step the pool works out, from e
 write index and token budget, the furthest slot the step can write, and grows or shrinks
 the span by one copy of the cache. A 64-row cache of SmolLM2 at 256 slots is 755 MB, more
 than the weights' 540 MB: short requests should not pay for the longest one a row may
-hold. Every call has a static shape: (tier, span) for the step, (prompt width bucket) for
-the prefill.
+hold. Every call has a static shape: (tier, span) for the step, (prefill batch, prompt width
+bucket) for the prefill.
+
+Batched admission: requests that arrive together (a server's round admits every row that
+freed up) share one prefill forward per width bucket. On a CPU a forward's cost is mostly
+its weight reads at one row and its matmuls at many, so 16 prompts prefill in well under the time
+of 16 one-row forwards (docs/serving.md); prefills are a large part of short requests' work.
 
 Greedy tokens equal ar.generate / mars.generate for the same prompts (tests/test_slots.py):
 a row's tokens do not depend on when it was admitted or which rows it shared calls with.
@@ -52,11 +58,15 @@ from flax import nnx
 from cardjax.decoding.ar import sample_tokens
 from cardjax.decoding.frozen import freeze
 from cardjax.decoding.mars import check_args, judge_window, window_inputs
-from cardjax.decoding.prompts import left_pad
+from cardjax.decoding.prompts import BUCKET, left_pad
 from cardjax.errors import CardjaxError
 from cardjax.model.cache import EMPTY_SEGMENT, KVCache
 
 METHODS = ("ar", "mars")
+# The most prompts one prefill forward takes: 16 rows already keep a CPU's matmuls busy,
+# and a 64-row prefill would stall every live row for seconds (and be the largest program
+# to compile).
+PREFILL_ROWS = 16
 
 
 @dataclasses.dataclass
@@ -75,34 +85,44 @@ jax.tree_util.register_dataclass(Rows, data_fields=[f.name for f in dataclasses.
 
 
 def _prefill(graphdef, params, tokens, positions, segments):
-  """A one-row cache holding the prompt less its last token, in as many slots."""
+  """A cache of the prompts' rows holding each prompt less its last token, in as many
+  slots as the padded width less one."""
   model = nnx.merge(graphdef, params)
-  cache = KVCache.create(model.cfg, 1, tokens.shape[1] - 1)
+  b = tokens.shape[0]
+  cache = KVCache.create(model.cfg, b, tokens.shape[1] - 1)
   _, cache = model.forward_cached(tokens[:, :-1], cache, positions=positions[:, :-1],
                                   segment_ids=segments[:, :-1],
-                                  logits_at=jnp.zeros((1, 1), jnp.int32))
+                                  logits_at=jnp.zeros((b, 1), jnp.int32))
   return cache
 
 
-def _put_row(cache: KVCache, rows: "Rows", row_cache: KVCache, row, last, length, tau,
-             budget):
-  """`cache` and `rows` with row `row` replaced by a prefilled one-row cache (its index
-  included; its slots become the row's first ones, the rest empty) and a fresh row state:
-  pending = [last], `length` tokens so far. One call, so an admit is one dispatch besides
-  the prefill."""
-  def put(buf, new):
-    at = (0, row, 0, 0, 0) if buf.ndim == 5 else (row, 0)
-    return jax.lax.dynamic_update_slice(buf, new, at)
-  segments = cache.segments.at[row].set(EMPTY_SEGMENT)  # the last occupant's slots
-  cache = KVCache(k=put(cache.k, row_cache.k), v=put(cache.v, row_cache.v),
-                  positions=put(cache.positions, row_cache.positions),
-                  streams=put(cache.streams, row_cache.streams),
-                  segments=put(segments, row_cache.segments),
-                  index=cache.index.at[row].set(row_cache.index))
-  rows = Rows(pending=rows.pending.at[row].set(jnp.zeros_like(rows.pending[0]).at[0].set(last)),
-              n_pending=rows.n_pending.at[row].set(1), committed=rows.committed.at[row].set(length),
-              live=rows.live.at[row].set(True), tau=rows.tau.at[row].set(tau),
-              budget=rows.budget.at[row].set(budget))
+def _put_rows(cache: KVCache, rows: "Rows", new: KVCache, row_ids, last, length, tau,
+              budget):
+  """`cache` and `rows` with rows `row_ids` ([n]; an id past the last row is dropped: a
+  padding row of the prefill) replaced by the n prefilled rows of `new` (their slots
+  become the rows' first ones, the rest empty, their index new.index) and fresh row
+  states: pending = [last], `length` tokens so far. One call, so an admit is one dispatch
+  besides the prefill."""
+  w = new.slots
+
+  def put(buf, value):
+    if buf.ndim == 5:  # [layers, rows, kv_heads, slots, head_dim]
+      return buf.at[:, row_ids, :, :w].set(value, mode="drop")
+    return buf.at[row_ids, :w].set(value, mode="drop")
+
+  segments = cache.segments.at[row_ids].set(EMPTY_SEGMENT, mode="drop")  # the last occupant
+  cache = KVCache(k=put(cache.k, new.k), v=put(cache.v, new.v),
+                  positions=put(cache.positions, new.positions),
+                  streams=put(cache.streams, new.streams), segments=put(segments, new.segments),
+                  index=cache.index.at[row_ids].set(new.index, mode="drop"))
+
+  def set_rows(x, value):
+    return x.at[row_ids].set(value, mode="drop")
+
+  pending = jnp.zeros((len(last),) + rows.pending.shape[1:], jnp.int32).at[:, 0].set(last)
+  rows = Rows(pending=set_rows(rows.pending, pending), n_pending=set_rows(rows.n_pending, 1),
+              committed=set_rows(rows.committed, length), live=set_rows(rows.live, True),
+              tau=set_rows(rows.tau, tau), budget=set_rows(rows.budget, budget))
   return cache, rows
 
 
@@ -225,10 +245,14 @@ class SlotPool:
       self.spans.insert(0, self.spans[0] // 2)
     self.batch_sizes = tuple(sorted(set(batch_sizes)))
     self.stop_ids = np.asarray(list(stop_ids) or [-1], np.int32)
-    self.pad_id, self.bucket = pad_id, bucket
+    self.pad_id, self.bucket = pad_id, bucket or BUCKET
     g = self.model.graphdef
+    # Prefill batches: the batch sizes up to PREFILL_ROWS (at least the smallest).
+    self.prefill_sizes = tuple(b for b in self.batch_sizes if b <= PREFILL_ROWS)
+    self.prefill_sizes = self.prefill_sizes or self.batch_sizes[:1]
     self._prefill = jax.jit(functools.partial(_prefill, g))
-    self._put = jax.jit(_put_row, donate_argnums=(0, 1))
+    self._prefills = {}  # (rows, width) -> the compiled prefill: compile_prefills fills it
+    self._put = jax.jit(_put_rows, donate_argnums=(0, 1))
     self._gather = jax.jit(_gather, static_argnames="span")  # a new shape: no donation
     self._step = jax.jit(functools.partial(_step, g), donate_argnums=(1, 2),
                          static_argnames=("forwards", "method", "block", "rule", "limit"))
@@ -334,31 +358,85 @@ class SlotPool:
 
   def admit(self, key, prompt, tau: float = 1.0, max_new_tokens: int = 1) -> None:
     """Prefill `prompt` into a free row owned by `key` (hashable, not None)."""
-    if key is None or key in self.owner:
-      raise CardjaxError(f"key {key!r} is None or already owns a row; give each request "
-                         "its own key")
-    if not prompt:
-      raise CardjaxError("an empty prompt cannot be admitted; give at least one token")
-    if len(prompt) > self.prompt_limit():
-      raise CardjaxError(f"a prompt of {len(prompt)} tokens leaves no room in {self.slots} "
-                         f"slots (at most {self.prompt_limit()}); shorten it")
-    if self.live_rows() >= self.capacity():
+    self.admit_many([(key, prompt, tau, max_new_tokens)])
+
+  def admit_many(self, requests) -> None:
+    """Prefill each (key, prompt, tau, max_new_tokens) into a free row owned by its key:
+    one forward per prompt width bucket and PREFILL_ROWS prompts."""
+    requests = list(requests)
+    keys = [r[0] for r in requests]
+    for key, prompt, _, _ in requests:
+      if key is None or key in self.owner or keys.count(key) > 1:
+        raise CardjaxError(f"key {key!r} is None or already owns a row; give each request "
+                           "its own key")
+      if not prompt:
+        raise CardjaxError("an empty prompt cannot be admitted; give at least one token")
+      if len(prompt) > self.prompt_limit():
+        raise CardjaxError(f"a prompt of {len(prompt)} tokens leaves no room in {self.slots} "
+                           f"slots (at most {self.prompt_limit()}); shorten it")
+    if self.live_rows() + len(requests) > self.capacity():
       raise CardjaxError(f"all {self.capacity()} rows are busy; release one first")
-    self._fit(self.live_rows() + 1)
-    row = self.owner.index(None)
-    tokens, positions, segments, _ = left_pad([prompt], self.pad_id, bucket=self.bucket)
-    width = tokens.shape[1]
-    if width - 1 + self.window > self.slots:  # the bucket's padding must fit too; 2: the
-      tokens, positions, segments, _ = left_pad([prompt], self.pad_id, bucket=2)  # prefill
-      # reads width - 1 >= 1 tokens
-    if width - 1 > self.span:  # the prefilled slots must fit the span
-      self._resize(self.tier, range(self.tier), self.span_for(width - 1))
-    one = self._prefill(self.model.state, tokens, positions, segments)
-    self.cache, self.rows = self._put(self.cache, self.rows, one, row, np.int32(prompt[-1]),
-                                      np.int32(len(prompt)), np.float32(tau),
-                                      np.int32(max_new_tokens))
-    self.owner[row] = key
-    self.index[row], self.budget[row], self.live[row] = width - 1, max_new_tokens, True
+    if not requests:
+      return
+    self._fit(self.live_rows() + len(requests))
+    widths = [self._width(len(r[1])) for r in requests]
+    if max(widths) - 1 > self.span:  # the prefilled slots must fit the span
+      self._resize(self.tier, range(self.tier), self.span_for(max(widths) - 1))
+    free = iter([row for row, owner in enumerate(self.owner) if owner is None])
+    cap = self.prefill_sizes[-1]
+    for width in sorted(set(widths)):
+      group = [r for r, w in zip(requests, widths) if w == width]
+      for i in range(0, len(group), cap):
+        self._prefill_rows(group[i:i + cap], [next(free) for _ in group[i:i + cap]], width)
+
+  def _width(self, length: int) -> int:
+    """The padded width a prompt of `length` tokens prefills at: its bucket, or the next
+    even width when the bucket's padding would not leave room for a window (2: the
+    prefill reads width - 1 >= 1 tokens)."""
+    width = -(-length // self.bucket) * self.bucket
+    if width - 1 + self.window > self.slots:
+      width = -(-length // 2) * 2
+    return width
+
+  def _prefill_rows(self, requests, rows: list[int], width: int) -> None:
+    """One prefill forward of `requests` (at most PREFILL_ROWS) into rows `rows`."""
+    n = len(requests)
+    size = next(b for b in self.prefill_sizes if b >= n)
+    prompts = [r[1] for r in requests] + [[self.pad_id]] * (size - n)
+    tokens, positions, segments, _ = left_pad(prompts, self.pad_id, bucket=width)
+    new = self.prefill_program(size, width)(self.model.state, tokens, positions, segments)
+    ids = np.asarray(rows + [self.tier] * (size - n), np.int32)  # padding rows: dropped
+    last = np.asarray([p[-1] for p in prompts], np.int32)
+    length = np.asarray([len(p) for p in prompts], np.int32)
+    tau = np.asarray([r[2] for r in requests] + [1.0] * (size - n), np.float32)
+    budget = np.asarray([r[3] for r in requests] + [0] * (size - n), np.int32)
+    self.cache, self.rows = self._put(self.cache, self.rows, new, ids, last, length, tau,
+                                      budget)
+    for (key, _, _, budget), row in zip(requests, rows):
+      self.owner[row] = key
+      self.index[row], self.budget[row], self.live[row] = width - 1, budget, True
+
+  def prefill_program(self, rows: int, width: int):
+    """The prefill of `rows` prompts padded to `width`, compiled on first use (the
+    compiled program is kept here: a jitted call would not reuse an ahead-of-time
+    compile)."""
+    if (rows, width) not in self._prefills:
+      spec = jax.ShapeDtypeStruct((rows, width), jnp.int32)
+      self._prefills[rows, width] = self._prefill.lower(self.model.state, spec, spec,
+                                                        spec).compile()
+    return self._prefills[rows, width]
+
+  def compile_prefills(self, widths, log=None) -> int:
+    """Compile the prefill of every prefill batch size and width in `widths` (bucket
+    multiples) before serving, without running one. Returns the number of programs."""
+    n = 0
+    for rows in self.prefill_sizes:
+      for width in widths:
+        if log:
+          log(f"prefill batch {rows}, width {width}")
+        self.prefill_program(rows, width)
+        n += 1
+    return n
 
   def release(self, key) -> None:
     """Free `key`'s row (its request ended or its client left); shrink to a smaller tier

@@ -240,16 +240,11 @@ class Engine:
     shapes = 0
     if self.continuous(self.default):
       pool = self.pool(self.default)
-      for w in widths:  # the prefill (and its row put) per width
-        if log:
-          log(f"cardjax serve: warm-up: prefill width {w}")
-        pool.admit(("warm-up", w), [self.tokenizer.pad_id] * w, 1.0, 1)
-        pool.release(("warm-up", w))
-        shapes += 1
-      # The step for every tier and span (forwards is static: the served chunk); the
-      # gathers between tiers and spans are small programs, compiled on first use.
-      return shapes + pool.compile_steps(
-          self.chunk, log and (lambda line: log(f"cardjax serve: warm-up: {line}")))
+      # The prefill for every prefill batch and width, the step for every tier and span
+      # (forwards is static: the served chunk), neither run; the row puts and the gathers
+      # between tiers and spans are small programs, compiled on first use.
+      say = log and (lambda line: log(f"cardjax serve: warm-up: {line}"))
+      return pool.compile_prefills(widths, say) + pool.compile_steps(self.chunk, say)
     for b in self.batch_sizes:
       for w in widths:
         if log:

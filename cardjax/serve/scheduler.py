@@ -2,7 +2,7 @@
 
 Every unfinished request sits in one list. Each round the thread takes the oldest
 request's settings group. For AR and MARS (engine.continuous) the group's SlotPool admits
-its waiting requests into free rows (a prefill each) and runs one step of up to `chunk`
+its waiting requests into free rows (one prefill forward per prompt width) and runs one step of up to `chunk`
 forwards for all its rows; a row keeps its KV cache from step to step, so it is prefilled
 once, and a request that ends (stop token, stop string, max_tokens, context, or a client
 that went away) frees its row for the next admit. Requests keep their own tau inside a
@@ -152,15 +152,19 @@ class Scheduler:
     step for every row, deliver each row's tokens."""
     s = jobs[0].settings
     pool = self.engine.pool(s)
-    for job in jobs:
-      if job.admitted or pool.live_rows() >= pool.capacity():
-        continue
+    admits = [j for j in jobs if not j.admitted][:pool.capacity() - pool.live_rows()]
+    taus = []
+    for job in admits:
       tau = 1.0
       if s.method == "mars":
         tau = s.tau if s.tau is not None else self.tau.update(waiting)
         self.metrics.tau.set(self.tau.tau)
-      pool.admit(job.id, job.prompt + job.tokens, tau, job.max_tokens - len(job.tokens))
-      self.metrics.prefills.inc()
+      taus.append(tau)
+    # One prefill forward for all of them (per prompt width): see SlotPool.admit_many.
+    pool.admit_many((job.id, job.prompt + job.tokens, tau, job.max_tokens - len(job.tokens))
+                    for job, tau in zip(admits, taus))
+    self.metrics.prefills.inc(len(admits))
+    for job, tau in zip(admits, taus):
       job.admitted, job.row_tau = True, tau if s.method == "mars" else None
     seed = next(self._seeds)  # continuous requests carry no seed of their own
     new, ended, forwards = pool.step(self.engine.chunk, s.temperature, s.top_p, seed)
