@@ -269,3 +269,50 @@ def test_bad_input_errors():
     call(q, k, v, spec, meta, meta, block_q=24)
   with pytest.raises(ValueError, match=r"\[batch, length, heads, head_dim\]"):
     call(q[0], k, v, spec, meta, meta)
+
+
+def test_tile_tables_are_built_once_per_forward_not_per_layer(monkeypatch):
+  """Every layer calls the kernel with the same metadata, so its tile tables are the same
+  arrays: the compiled forward builds them once, whatever the depth (XLA's CSE merges the
+  unrolled layers' copies; loop-invariant code motion lifts them out of a scan). Counted
+  on XLA:CPU by the ops whose source is the table code."""
+  import re
+
+  from flax import nnx
+
+  from cardjax.model import ModelConfig, create_model
+
+  monkeypatch.setenv("CARDJAX_ATTENTION_INTERPRET", "1")
+  table_ops = re.compile(r"tile_classes|_summaries|visit_table")
+
+  def table_ops_outside_loops(layers, scan):
+    """(ops from the table code, those of them inside a loop body (not the top level or
+    a fusion or reducer it calls), matmuls inside loop bodies)."""
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=layers,
+                      num_heads=2, num_kv_heads=1, head_dim=16, attention_impl="pallas_gpu",
+                      scan_layers=scan)
+    graphdef, state = nnx.split(create_model(cfg, seed=0))
+    fn = lambda s, t, p, g: nnx.merge(graphdef, s)(t, positions=p, segment_ids=g).sum()
+    meta = jnp.ones((1, 64), jnp.int32)  # arguments, so the tables cannot be folded away
+    hlo = jax.jit(fn).lower(state, meta, meta, meta).compile().as_text()
+    computations = {}
+    for text in hlo.split("\n\n"):
+      head = text.lstrip().split(" ")
+      if head[0].startswith("%") or head[0] == "ENTRY":
+        computations[head[1] if head[0] == "ENTRY" else head[0]] = text
+    # What the top level reaches through fusions and reducers, not through a loop's body.
+    entry = next(n for n, c in computations.items() if c.lstrip().startswith("ENTRY"))
+    top, todo = set(), [entry]
+    while todo:
+      name = todo.pop()
+      if name not in top:
+        top.add(name)
+        todo += re.findall(r"(?:calls|to_apply)=(%[\w.\-]+)", computations.get(name, ""))
+    loops = "\n".join(c for n, c in computations.items() if n not in top)
+    return len(table_ops.findall(hlo)), len(table_ops.findall(loops)), loops.count(" dot(")
+
+  one, inner, _ = table_ops_outside_loops(1, False)
+  assert one > 0 and inner == 0
+  assert table_ops_outside_loops(3, False)[:2] == (one, 0)  # CSE: not 3 copies
+  total, inner, loop_matmuls = table_ops_outside_loops(3, True)
+  assert (total, inner) == (one, 0) and loop_matmuls > 0  # the layers loop, the tables not
