@@ -37,9 +37,9 @@ hold. Every call has a static shape: (tier, span) for the step, (prefill batch, 
 bucket) for the prefill.
 
 Batched admission: requests that arrive together (a server's round admits every row that
-freed up) share one prefill forward per width bucket. On a CPU a forward's cost is mostly
-its weight reads at one row and its matmuls at many, so 16 prompts prefill in well under the time
-of 16 one-row forwards (docs/serving.md); prefills are a large part of short requests' work.
+freed up) share one prefill forward per width bucket. A one-row forward is bound by reading
+the weights and a many-row one by its matmuls, so 16 prompts prefill in well under the time
+of 16 one-row forwards (docs/serving.md), and prefills are much of a short request's work.
 
 Greedy tokens equal ar.generate / mars.generate for the same prompts (tests/test_slots.py):
 a row's tokens do not depend on when it was admitted or which rows it shared calls with.
