@@ -3,6 +3,7 @@
   python benchmarks/serve.py [--checkpoint RUN] [--methods ar,mars] [--levels 1,4,16,64]
       [--requests 4] [--max-tokens 32] [--batch-sizes 1,4,16,64] [--chunk 16]
       [--schedulers continuous,continuous-full,chunked] [--slots 256] [--span-min 64]
+      [--prefill-rows 16,1]
       [--url http://127.0.0.1:8000] [--out runs/serve_bench]
 
 For each method it starts a server on a free loopback port with --warmup-width (every
@@ -13,7 +14,9 @@ ignore_eos so every request writes exactly --max-tokens tokens and the levels co
 for like). --schedulers runs each method once per scheduler: `continuous` (rows keep their
 KV cache, `cardjax serve --slots N --span-min S`: a step reads only the span its rows
 reach), `continuous-full` (the same with `--span-min 0`: every step reads all N slots) and
-`chunked` (`--slots 0`: every chunk re-prefills its rows).
+`chunked` (`--slots 0`: every chunk re-prefills its rows). --prefill-rows 16,1 runs each
+of those once per value of `cardjax serve --prefill-rows` (how many waiting prompts share a
+prefill forward; 1: one forward per request), the A/B of batched admission in one run.
 Per level: generated tokens/s and requests/s over the level's wall time, p50
 and p99 request latency, the mean tokens per forward the server reported. The table and
 the machine go to stdout and --out/results.json.
@@ -61,7 +64,8 @@ def checkpoint(args) -> Path:
   return init
 
 
-def start(run: Path, method: str, scheduler: str, args) -> tuple[subprocess.Popen, str]:
+def start(run: Path, method: str, scheduler: str, prefill_rows: int,
+          args) -> tuple[subprocess.Popen, str]:
   port = portpicker.pick_unused_port()
   cmd = [sys.executable, "-m", "cardjax.cli", "serve", "--checkpoint", str(run), "--port",
          str(port), "--method", method, "--batch-sizes", args.batch_sizes, "--chunk",
@@ -69,7 +73,8 @@ def start(run: Path, method: str, scheduler: str, args) -> tuple[subprocess.Pope
   if method != "ar":
     cmd += ["--objective", "mars", "--tau", str(args.tau)]
   cmd += ["--slots", str(0 if scheduler == "chunked" else args.slots),
-          "--span-min", str(0 if scheduler == "continuous-full" else args.span_min)]
+          "--span-min", str(0 if scheduler == "continuous-full" else args.span_min),
+          "--prefill-rows", str(prefill_rows)]
   proc = subprocess.Popen(cmd, cwd=ROOT)
   url = f"http://127.0.0.1:{port}"
   for _ in range(2400):
@@ -150,6 +155,8 @@ def main() -> None:
                       help="continuous: KV-cache slots per row (prompt + completion)")
   parser.add_argument("--span-min", type=int, default=64,
                       help="continuous: the smallest cache span a step reads")
+  parser.add_argument("--prefill-rows", default="16",
+                      help="values of `cardjax serve --prefill-rows` to run, e.g. 16,1")
   parser.add_argument("--warmup-width", type=int, default=64,
                       help="the server compiles prompt widths up to this before serving")
   parser.add_argument("--warm-levels", action="store_true",
@@ -168,14 +175,19 @@ def main() -> None:
   levels = [int(x) for x in args.levels.split(",")]
   run = None if args.url else checkpoint(args)
   results = []
-  runs = [("(--url)", "")] if args.url else [
-      (m, sch) for m in args.methods.split(",") for sch in args.schedulers.split(",")]
-  for method, scheduler in runs:
+  prefill = [int(x) for x in args.prefill_rows.split(",")]
+  runs = [("(--url)", "", 0)] if args.url else [
+      (m, sch, p) for m in args.methods.split(",") for sch in args.schedulers.split(",")
+      for p in prefill]
+  for method, scheduler, prefill_rows in runs:
     if scheduler not in ("", "continuous", "continuous-full", "chunked"):
       raise SystemExit(f"--schedulers: {scheduler!r} is not continuous, continuous-full or "
                        "chunked")
-    proc, url = (None, args.url) if args.url else start(run, method, scheduler, args)
+    proc, url = (None, args.url) if args.url else start(run, method, scheduler, prefill_rows,
+                                                         args)
     method = f"{method} {scheduler}".strip()
+    if len(prefill) > 1 and not args.url:
+      method += f" prefill {prefill_rows}"
     try:
       name = model_name(url)
       t = time.perf_counter()

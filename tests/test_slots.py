@@ -5,7 +5,7 @@ reuse."""
 
 import pytest
 
-from cardjax.decoding import ar, mars, slots
+from cardjax.decoding import ar, mars
 from cardjax.decoding.slots import SlotPool
 from cardjax.errors import CardjaxError
 from decoding_helpers import MASK, PROMPTS, tiny_model
@@ -93,13 +93,12 @@ def test_span_grows_with_a_long_row_and_shrinks_after_it(method):
   assert max(spans) <= 96 and all(s in (12, 24, 48, 96) for s in spans), spans
 
 
-def test_batched_admits_split_by_width_and_prefill_rows(monkeypatch):
-  """Prompts admitted together prefill in batches of PREFILL_ROWS per width bucket (a
+def test_batched_admits_split_by_width_and_prefill_rows():
+  """Prompts admitted together prefill in batches of prefill_rows per width bucket (a
   16-token and a 32-token bucket here, padding rows in the odd batch) and decode the
   tokens each gets alone."""
-  monkeypatch.setattr(slots, "PREFILL_ROWS", 2)
   model = tiny_model()
-  pool = SlotPool(model, "ar", slots=64, batch_sizes=(1, 2, 8))
+  pool = SlotPool(model, "ar", slots=64, batch_sizes=(1, 2, 8), prefill_rows=2)
   assert pool.prefill_sizes == (1, 2)
   prompts = [PROMPTS[0], PROMPTS[3] * 3, PROMPTS[2], PROMPTS[1] + [5], PROMPTS[0] * 4]
   assert sorted({pool._width(len(p)) for p in prompts}) == [16, 32]
@@ -113,6 +112,13 @@ def test_batched_admits_split_by_width_and_prefill_rows(monkeypatch):
     pool.admit_many([("a", [1, 2], 1.0, 1), ("a", [3], 1.0, 1)])
   with pytest.raises(CardjaxError, match="rows are busy"):
     pool.admit_many((("b", k), [1, 2], 1.0, 1) for k in range(4))
+  # prefill_rows=1: one forward per prompt (the A/B baseline of `serve --prefill-rows 1`)
+  pool = SlotPool(model, "ar", slots=64, batch_sizes=(1, 2, 8), prefill_rows=1)
+  pool.admit_many((i, p, 1.0, N) for i, p in enumerate(prompts[:3]))
+  assert pool.prefill_sizes == (1,) and set(pool._prefills) == {(1, 16), (1, 32)}
+  assert pool.step(N)[0][1] == ar.generate(model, [prompts[1]], N).rows()[0]
+  with pytest.raises(CardjaxError, match="prefill_rows=0 must be >= 1"):
+    SlotPool(model, "ar", slots=64, prefill_rows=0)
 
 
 def test_stop_token_budget_and_full_slots_end_a_row():

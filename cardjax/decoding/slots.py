@@ -7,7 +7,7 @@ across calls:
 
   admit_many([(key, prompt, tau, max_new_tokens), ...])
                        prefill prompts into free rows (one forward per prompt width for up to
-                       PREFILL_ROWS prompts, written into their rows in place); the rows then
+                       prefill_rows prompts, written into their rows in place); the rows then
                        decode with the others. admit(key, prompt, ...) admits one.
   step(forwards, ...)  up to `forwards` forwards for every live row (one jitted while loop,
                        leaving early when no row is live); returns each key's new tokens
@@ -63,7 +63,7 @@ from cardjax.errors import CardjaxError
 from cardjax.model.cache import EMPTY_SEGMENT, KVCache
 
 METHODS = ("ar", "mars")
-# The most prompts one prefill forward takes: 16 rows already keep a CPU's matmuls busy,
+# The most prompts one prefill forward takes by default: 16 rows already keep a CPU's matmuls busy,
 # and a 64-row prefill would stall every live row for seconds (and be the largest program
 # to compile).
 PREFILL_ROWS = 16
@@ -224,7 +224,7 @@ class SlotPool:
 
   def __init__(self, model, method: str = "ar", *, slots: int, batch_sizes=(1, 4, 16),
                block: int = 4, rule: str = "prob", stop_ids=(), pad_id: int = 0,
-               bucket: int = 16, span_min: int = 64):
+               bucket: int = 16, span_min: int = 64, prefill_rows: int = PREFILL_ROWS):
     if method not in METHODS:
       raise CardjaxError(f"SlotPool decodes {METHODS}, not {method!r}")
     self.model = freeze(model)
@@ -243,12 +243,15 @@ class SlotPool:
     self.spans = [slots]  # span buckets, doubling from span_min up to slots
     while span_min and self.spans[0] // 2 >= span_min:
       self.spans.insert(0, self.spans[0] // 2)
+    if prefill_rows < 1:
+      raise CardjaxError(f"prefill_rows={prefill_rows} must be >= 1 (1: one prefill forward "
+                         "per prompt)")
     self.batch_sizes = tuple(sorted(set(batch_sizes)))
     self.stop_ids = np.asarray(list(stop_ids) or [-1], np.int32)
     self.pad_id, self.bucket = pad_id, bucket or BUCKET
     g = self.model.graphdef
-    # Prefill batches: the batch sizes up to PREFILL_ROWS (at least the smallest).
-    self.prefill_sizes = tuple(b for b in self.batch_sizes if b <= PREFILL_ROWS)
+    # Prefill batches: the batch sizes up to prefill_rows (at least the smallest).
+    self.prefill_sizes = tuple(b for b in self.batch_sizes if b <= prefill_rows)
     self.prefill_sizes = self.prefill_sizes or self.batch_sizes[:1]
     self._prefill = jax.jit(functools.partial(_prefill, g))
     self._prefills = {}  # (rows, width) -> the compiled prefill: compile_prefills fills it
@@ -362,7 +365,7 @@ class SlotPool:
 
   def admit_many(self, requests) -> None:
     """Prefill each (key, prompt, tau, max_new_tokens) into a free row owned by its key:
-    one forward per prompt width bucket and PREFILL_ROWS prompts."""
+    one forward per prompt width bucket and prefill_rows prompts."""
     requests = list(requests)
     keys = [r[0] for r in requests]
     for key, prompt, _, _ in requests:
@@ -399,7 +402,7 @@ class SlotPool:
     return width
 
   def _prefill_rows(self, requests, rows: list[int], width: int) -> None:
-    """One prefill forward of `requests` (at most PREFILL_ROWS) into rows `rows`."""
+    """One prefill forward of `requests` (at most prefill_rows) into rows `rows`."""
     n = len(requests)
     size = next(b for b in self.prefill_sizes if b >= n)
     prompts = [r[1] for r in requests] + [[self.pad_id]] * (size - n)

@@ -68,6 +68,9 @@ def add_arguments(p) -> None:
                  help="AR and MARS: the smallest cache span; a step's attention reads only "
                       "the span (span buckets double from this up to --slots) that its rows "
                       "can reach, not all the slots (0: every step reads all --slots)")
+  p.add_argument("--prefill-rows", type=int, default=16,
+                 help="AR and MARS: the most prompts one prefill forward admits together "
+                      "(padded to a --batch-sizes entry); 1: one forward per request")
   p.add_argument("--width-bucket", type=int, default=32,
                  help="prompts are left-padded to a multiple of this (compiled widths)")
   p.add_argument("--warmup-width", type=int, default=0,
@@ -105,7 +108,8 @@ def run_serve(args) -> None:
                        name=args.model_name, mesh=mesh, method=args.method, tau=tau.tau,
                        block=args.block, verify=args.verify, rule=args.rule,
                        chunk=args.chunk, batch_sizes=sizes, width_bucket=args.width_bucket,
-                       max_tokens=args.max_tokens, slots=args.slots, span_min=args.span_min)
+                       max_tokens=args.max_tokens, slots=args.slots, span_min=args.span_min,
+                       prefill_rows=args.prefill_rows)
   if args.warmup_width > 0:
     start = time.perf_counter()
     shapes = engine.warmup(args.warmup_width, log=lambda line: print(line, file=sys.stderr))

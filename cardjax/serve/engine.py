@@ -59,7 +59,7 @@ class Engine:
                method: str = "ar", tau: float = 0.95, block: int = 0, verify: bool = False,
                rule: str = "prob", chunk: int = 16, batch_sizes=(1, 4, 16),
                width_bucket: int = 32, max_tokens: int = 64, mesh=None, slots: int = 512,
-               span_min: int = 64):
+               span_min: int = 64, prefill_rows: int = 16):
     from cardjax.decoding import prompts
     from cardjax.decoding.cli import resolve_block
     from cardjax.decoding.frozen import freeze
@@ -76,7 +76,10 @@ class Engine:
       raise CardjaxError(f"--slots={slots} must be >= 0 (0: chunked decoding only)")
     if span_min < 0:
       raise CardjaxError(f"--span-min={span_min} must be >= 0 (0: every step reads all slots)")
-    self.slots, self.span_min = slots, span_min
+    if prefill_rows < 1:
+      raise CardjaxError(f"--prefill-rows={prefill_rows} must be >= 1 (1: one prefill "
+                         "forward per request)")
+    self.slots, self.span_min, self.prefill_rows = slots, span_min, prefill_rows
     self.pools: dict = {}
     self.model = freeze(model)
     self.cfg = model.cfg
@@ -188,7 +191,8 @@ class Engine:
       self.pools[key] = SlotPool(self.model, s.method, slots=self.context(s),
                                  batch_sizes=self.batch_sizes, block=s.block or 4,
                                  rule=s.rule, stop_ids=stop_ids, pad_id=self.tokenizer.pad_id,
-                                 bucket=prompts_bucket(), span_min=self.span_min)
+                                 bucket=prompts_bucket(), span_min=self.span_min,
+                                 prefill_rows=self.prefill_rows)
     return self.pools[key]
 
   def release(self, s: Settings, key) -> None:
