@@ -3,7 +3,7 @@
   python benchmarks/serve.py [--checkpoint RUN] [--methods ar,mars] [--levels 1,4,16,64]
       [--requests 4] [--max-tokens 32] [--batch-sizes 1,4,16,64] [--chunk 16]
       [--schedulers continuous,continuous-full,chunked] [--slots 256] [--span-min 64]
-      [--prefill-rows 16,1]
+      [--variants '|--prefix-page 0|--prefix-page 0 --prefill-rows 1']
       [--url http://127.0.0.1:8000] [--out runs/serve_bench]
 
 For each method it starts a server on a free loopback port with --warmup-width (every
@@ -14,9 +14,11 @@ ignore_eos so every request writes exactly --max-tokens tokens and the levels co
 for like). --schedulers runs each method once per scheduler: `continuous` (rows keep their
 KV cache, `cardjax serve --slots N --span-min S`: a step reads only the span its rows
 reach), `continuous-full` (the same with `--span-min 0`: every step reads all N slots) and
-`chunked` (`--slots 0`: every chunk re-prefills its rows). --prefill-rows 16,1 runs each
-of those once per value of `cardjax serve --prefill-rows` (how many waiting prompts share a
-prefill forward; 1: one forward per request), the A/B of batched admission in one run.
+`chunked` (`--slots 0`: every chunk re-prefills its rows). --variants runs each of those
+once per '|'-separated set of extra `cardjax serve` flags (the empty set: the defaults),
+labelled with them: the A/B of a server option in one run, e.g. the shared-prefix cache
+(`--prefix-page 0` turns it off) and batched admission (`--prefill-rows 1`: one prefill
+forward per request).
 Per level: generated tokens/s and requests/s over the level's wall time, p50
 and p99 request latency, the mean tokens per forward the server reported. The table and
 the machine go to stdout and --out/results.json.
@@ -64,7 +66,7 @@ def checkpoint(args) -> Path:
   return init
 
 
-def start(run: Path, method: str, scheduler: str, prefill_rows: int,
+def start(run: Path, method: str, scheduler: str, variant: str,
           args) -> tuple[subprocess.Popen, str]:
   port = portpicker.pick_unused_port()
   cmd = [sys.executable, "-m", "cardjax.cli", "serve", "--checkpoint", str(run), "--port",
@@ -73,8 +75,8 @@ def start(run: Path, method: str, scheduler: str, prefill_rows: int,
   if method != "ar":
     cmd += ["--objective", "mars", "--tau", str(args.tau)]
   cmd += ["--slots", str(0 if scheduler == "chunked" else args.slots),
-          "--span-min", str(0 if scheduler == "continuous-full" else args.span_min),
-          "--prefill-rows", str(prefill_rows)]
+          "--span-min", str(0 if scheduler == "continuous-full" else args.span_min)]
+  cmd += variant.split()
   proc = subprocess.Popen(cmd, cwd=ROOT)
   url = f"http://127.0.0.1:{port}"
   for _ in range(2400):
@@ -155,8 +157,9 @@ def main() -> None:
                       help="continuous: KV-cache slots per row (prompt + completion)")
   parser.add_argument("--span-min", type=int, default=64,
                       help="continuous: the smallest cache span a step reads")
-  parser.add_argument("--prefill-rows", default="16",
-                      help="values of `cardjax serve --prefill-rows` to run, e.g. 16,1")
+  parser.add_argument("--variants", default="",
+                      help="'|'-separated sets of extra `cardjax serve` flags, one server "
+                           "each (empty: the defaults), e.g. '|--prefix-page 0'")
   parser.add_argument("--warmup-width", type=int, default=64,
                       help="the server compiles prompt widths up to this before serving")
   parser.add_argument("--warm-levels", action="store_true",
@@ -175,19 +178,16 @@ def main() -> None:
   levels = [int(x) for x in args.levels.split(",")]
   run = None if args.url else checkpoint(args)
   results = []
-  prefill = [int(x) for x in args.prefill_rows.split(",")]
-  runs = [("(--url)", "", 0)] if args.url else [
-      (m, sch, p) for m in args.methods.split(",") for sch in args.schedulers.split(",")
-      for p in prefill]
-  for method, scheduler, prefill_rows in runs:
+  variants = [v.strip() for v in args.variants.split("|")]
+  runs = [("(--url)", "", "")] if args.url else [
+      (m, sch, v) for m in args.methods.split(",") for sch in args.schedulers.split(",")
+      for v in variants]
+  for method, scheduler, variant in runs:
     if scheduler not in ("", "continuous", "continuous-full", "chunked"):
       raise SystemExit(f"--schedulers: {scheduler!r} is not continuous, continuous-full or "
                        "chunked")
-    proc, url = (None, args.url) if args.url else start(run, method, scheduler, prefill_rows,
-                                                         args)
-    method = f"{method} {scheduler}".strip()
-    if len(prefill) > 1 and not args.url:
-      method += f" prefill {prefill_rows}"
+    proc, url = (None, args.url) if args.url else start(run, method, scheduler, variant, args)
+    method = f"{method} {scheduler} {variant}".strip()
     try:
       name = model_name(url)
       t = time.perf_counter()

@@ -42,9 +42,11 @@ def reference(server):
   model, _ = checkpoint.restore_model(server[0] / "checkpoints")
   tok = checkpoint.load_tokenizer(server[0] / "checkpoints", model.cfg)
 
-  def decode(method, text, max_tokens, chat=False, **knobs):
+  def decode(method, text, max_tokens, chat=False, system=None, **knobs):
     if chat:
-      text = tok.render_chat([{"role": "user", "content": text}], add_generation_prompt=True)
+      messages = [{"role": "system", "content": system}] if system else []
+      text = tok.render_chat(messages + [{"role": "user", "content": text}],
+                             add_generation_prompt=True)
     options = Options(max_new_tokens=max_tokens, stop_ids=tok.stop_ids, pad_id=tok.pad_id,
                       block=4, **knobs)
     row = make_decoder(method, model, "mars", options)([tok.encode(text)]).rows()[0]
@@ -70,6 +72,24 @@ def test_completions_equal_the_decoders(client, reference):
       assert info["tau"] == 0.5 and info["block"] == 4
     if not extra:
       assert info["tau"] == 0.9  # the server's --tau
+
+
+def test_a_shared_system_turn_is_prefilled_once(client, server, reference):
+  """Chat requests with one long system message: from the second on, its KV comes from the
+  prefix cache (learned from the first two prompts), and the answers do not change."""
+  system = " ".join(["alpha beta gamma delta epsilon one two three four five six"] * 3)
+  url = server[1]
+  cached = []
+  for question, method in ((PROMPTS[0], "ar"), (PROMPTS[2], "ar"), (PROMPTS[1], "mars")):
+    before = metric(url, "cardjax_prefix_cached_tokens_total")
+    r = client.chat.completions.create(
+        model="run", max_tokens=10, extra_body={"method": method},
+        messages=[{"role": "system", "content": system}, {"role": "user", "content": question}])
+    cached.append(metric(url, "cardjax_prefix_cached_tokens_total") - before)
+    knobs = {"tau": 0.9} if method == "mars" else {}
+    assert (r.choices[0].message.content, r.usage.completion_tokens) == \
+        reference(method, question, 10, chat=True, system=system, **knobs), question
+  assert cached[0] == 0 and cached[1] >= 32 and cached[2] == cached[1], cached
 
 
 def test_ar_and_mars_rows_keep_their_cache_other_methods_re_prefill(client, server):

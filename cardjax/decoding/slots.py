@@ -58,6 +58,7 @@ from flax import nnx
 from cardjax.decoding.ar import sample_tokens
 from cardjax.decoding.frozen import freeze
 from cardjax.decoding.mars import check_args, judge_window, window_inputs
+from cardjax.decoding.prefixes import PAGE, PrefixStore
 from cardjax.decoding.prompts import BUCKET, left_pad
 from cardjax.errors import CardjaxError
 from cardjax.model.cache import EMPTY_SEGMENT, KVCache
@@ -84,12 +85,25 @@ jax.tree_util.register_dataclass(Rows, data_fields=[f.name for f in dataclasses.
                                  meta_fields=[])
 
 
-def _prefill(graphdef, params, tokens, positions, segments):
+def _prefill(graphdef, params, tokens, positions, segments, prefix=None):
   """A cache of the prompts' rows holding each prompt less its last token, in as many
-  slots as the padded width less one."""
+  slots as the padded width less one; with `prefix` (a PrefixStore cache of P slots) the
+  prompts are what follows that prefix: each row's first P slots are a copy of it and the
+  prompts' positions start at P."""
   model = nnx.merge(graphdef, params)
-  b = tokens.shape[0]
-  cache = KVCache.create(model.cfg, b, tokens.shape[1] - 1)
+  b, w = tokens.shape
+  cache = KVCache.create(model.cfg, b, w - 1)
+  if prefix is not None:
+    p = prefix.slots
+    new = {}  # per field: the prefix's slots (its one row broadcast), then the prompts'
+    for name in ("k", "v", "positions", "streams", "segments"):
+      mine, theirs = getattr(cache, name), getattr(prefix, name)
+      axis = 3 if mine.ndim == 5 else 1  # the slots axis
+      shape = list(mine.shape)
+      shape[axis] = p
+      new[name] = jnp.concatenate([jnp.broadcast_to(theirs, shape), mine], axis=axis)
+    cache = KVCache(**new, index=jnp.int32(p))
+    positions = positions + p
   _, cache = model.forward_cached(tokens[:, :-1], cache, positions=positions[:, :-1],
                                   segment_ids=segments[:, :-1],
                                   logits_at=jnp.zeros((b, 1), jnp.int32))
@@ -224,7 +238,8 @@ class SlotPool:
 
   def __init__(self, model, method: str = "ar", *, slots: int, batch_sizes=(1, 4, 16),
                block: int = 4, rule: str = "prob", stop_ids=(), pad_id: int = 0,
-               bucket: int = 16, span_min: int = 64, prefill_rows: int = PREFILL_ROWS):
+               bucket: int = 16, span_min: int = 64, prefill_rows: int = PREFILL_ROWS,
+               prefix_page: int = PAGE, prefixes: PrefixStore | None = None):
     if method not in METHODS:
       raise CardjaxError(f"SlotPool decodes {METHODS}, not {method!r}")
     self.model = freeze(model)
@@ -254,7 +269,9 @@ class SlotPool:
     self.prefill_sizes = tuple(b for b in self.batch_sizes if b <= prefill_rows)
     self.prefill_sizes = self.prefill_sizes or self.batch_sizes[:1]
     self._prefill = jax.jit(functools.partial(_prefill, g))
-    self._prefills = {}  # (rows, width) -> the compiled prefill: compile_prefills fills it
+    self._prefills = {}  # (rows, prefix, width) -> the compiled prefill (compile_prefills)
+    # Stored prefixes (a store shared with the model's other pools, or its own).
+    self.prefixes = prefixes or PrefixStore(self.model, prefix_page)
     self._put = jax.jit(_put_rows, donate_argnums=(0, 1))
     self._gather = jax.jit(_gather, static_argnames="span")  # a new shape: no donation
     self._step = jax.jit(functools.partial(_step, g), donate_argnums=(1, 2),
@@ -363,9 +380,10 @@ class SlotPool:
     """Prefill `prompt` into a free row owned by `key` (hashable, not None)."""
     self.admit_many([(key, prompt, tau, max_new_tokens)])
 
-  def admit_many(self, requests) -> None:
+  def admit_many(self, requests) -> int:
     """Prefill each (key, prompt, tau, max_new_tokens) into a free row owned by its key:
-    one forward per prompt width bucket and prefill_rows prompts."""
+    one forward per stored prefix (prefixes.py), width bucket of what follows it and
+    prefill_rows prompts. Returns the prompt tokens read from stored prefixes."""
     requests = list(requests)
     keys = [r[0] for r in requests]
     for key, prompt, _, _ in requests:
@@ -380,65 +398,84 @@ class SlotPool:
     if self.live_rows() + len(requests) > self.capacity():
       raise CardjaxError(f"all {self.capacity()} rows are busy; release one first")
     if not requests:
-      return
+      return 0
     self._fit(self.live_rows() + len(requests))
-    widths = [self._width(len(r[1])) for r in requests]
-    if max(widths) - 1 > self.span:  # the prefilled slots must fit the span
-      self._resize(self.tier, range(self.tier), self.span_for(max(widths) - 1))
+    for r in requests:
+      self.prefixes.learn(r[1])
+    shapes = []  # per request: (its stored prefix, the width of what follows)
+    for r in requests:
+      prefix = self.prefixes.find(r[1])
+      shapes.append((prefix, self._width(len(r[1]) - len(prefix), len(prefix))))
+    reach = max(len(prefix) + width - 1 for prefix, width in shapes)
+    if reach > self.span:  # the prefilled slots must fit the span
+      self._resize(self.tier, range(self.tier), self.span_for(reach))
     free = iter([row for row, owner in enumerate(self.owner) if owner is None])
     cap = self.prefill_sizes[-1]
-    for width in sorted(set(widths)):
-      group = [r for r, w in zip(requests, widths) if w == width]
+    for prefix, width in sorted(set(shapes), key=lambda s: (len(s[0]), s[0], s[1])):
+      group = [r for r, shape in zip(requests, shapes) if shape == (prefix, width)]
       for i in range(0, len(group), cap):
-        self._prefill_rows(group[i:i + cap], [next(free) for _ in group[i:i + cap]], width)
+        self._prefill_rows(group[i:i + cap], [next(free) for _ in group[i:i + cap]], width,
+                           prefix)
+    return sum(len(prefix) for prefix, _ in shapes)
 
-  def _width(self, length: int) -> int:
-    """The padded width a prompt of `length` tokens prefills at: its bucket, or the next
-    even width when the bucket's padding would not leave room for a window (2: the
-    prefill reads width - 1 >= 1 tokens)."""
+  def _width(self, length: int, prefix: int = 0) -> int:
+    """The padded width `length` prompt tokens after a `prefix`-token stored prefix
+    prefill at: their bucket, or the next even width when the bucket's padding would not
+    leave room for a window (2: the prefill reads width - 1 >= 1 tokens)."""
     width = -(-length // self.bucket) * self.bucket
-    if width - 1 + self.window > self.slots:
+    if prefix + width - 1 + self.window > self.slots:
       width = -(-length // 2) * 2
     return width
 
-  def _prefill_rows(self, requests, rows: list[int], width: int) -> None:
-    """One prefill forward of `requests` (at most prefill_rows) into rows `rows`."""
-    n = len(requests)
+  def _prefill_rows(self, requests, rows: list[int], width: int, prefix: tuple = ()) -> None:
+    """One prefill forward of `requests` (at most prefill_rows), which all start with the
+    stored `prefix` (or none), into rows `rows`."""
+    n, p = len(requests), len(prefix)
     size = next(b for b in self.prefill_sizes if b >= n)
-    prompts = [r[1] for r in requests] + [[self.pad_id]] * (size - n)
-    tokens, positions, segments, _ = left_pad(prompts, self.pad_id, bucket=width)
-    new = self.prefill_program(size, width)(self.model.state, tokens, positions, segments)
+    prompts = [r[1] for r in requests] + [list(prefix) + [self.pad_id]] * (size - n)
+    tokens, positions, segments, _ = left_pad([q[p:] for q in prompts], self.pad_id,
+                                              bucket=width)
+    args = (self.model.state, tokens, positions, segments)
+    if p:
+      args += (self.prefixes.cache(prefix),)
+    new = self.prefill_program(size, width, p)(*args)
     ids = np.asarray(rows + [self.tier] * (size - n), np.int32)  # padding rows: dropped
-    last = np.asarray([p[-1] for p in prompts], np.int32)
-    length = np.asarray([len(p) for p in prompts], np.int32)
+    last = np.asarray([q[-1] for q in prompts], np.int32)
+    length = np.asarray([len(q) for q in prompts], np.int32)
     tau = np.asarray([r[2] for r in requests] + [1.0] * (size - n), np.float32)
     budget = np.asarray([r[3] for r in requests] + [0] * (size - n), np.int32)
     self.cache, self.rows = self._put(self.cache, self.rows, new, ids, last, length, tau,
                                       budget)
     for (key, _, _, budget), row in zip(requests, rows):
       self.owner[row] = key
-      self.index[row], self.budget[row], self.live[row] = width - 1, budget, True
+      self.index[row], self.budget[row], self.live[row] = p + width - 1, budget, True
 
-  def prefill_program(self, rows: int, width: int):
-    """The prefill of `rows` prompts padded to `width`, compiled on first use (the
-    compiled program is kept here: a jitted call would not reuse an ahead-of-time
-    compile)."""
-    if (rows, width) not in self._prefills:
+  def prefill_program(self, rows: int, width: int, prefix: int = 0):
+    """The prefill of `rows` prompts padded to `width` after a stored prefix of `prefix`
+    tokens (0: none), compiled on first use (the compiled program is kept here: a jitted
+    call would not reuse an ahead-of-time compile)."""
+    if (rows, prefix, width) not in self._prefills:
       spec = jax.ShapeDtypeStruct((rows, width), jnp.int32)
-      self._prefills[rows, width] = self._prefill.lower(self.model.state, spec, spec,
-                                                        spec).compile()
-    return self._prefills[rows, width]
+      args = (self.model.state, spec, spec, spec)
+      if prefix:
+        args += (self.prefixes.spec(prefix),)
+      self._prefills[rows, prefix, width] = self._prefill.lower(*args).compile()
+    return self._prefills[rows, prefix, width]
 
-  def compile_prefills(self, widths, log=None) -> int:
-    """Compile the prefill of every prefill batch size and width in `widths` (bucket
-    multiples) before serving, without running one. Returns the number of programs."""
+  def compile_prefills(self, widths, prefixes=(0,), log=None) -> int:
+    """Compile the prefill of every prefill batch size, width in `widths` (bucket
+    multiples) and stored prefix length in `prefixes` before serving, without running
+    one. Returns the number of programs."""
     n = 0
-    for rows in self.prefill_sizes:
-      for width in widths:
-        if log:
-          log(f"prefill batch {rows}, width {width}")
-        self.prefill_program(rows, width)
-        n += 1
+    for p in prefixes:
+      for rows in self.prefill_sizes:
+        for width in widths:
+          if p + width - 1 + self.window > self.slots:
+            continue
+          if log:
+            log(f"prefill batch {rows}, width {width}" + (f" after {p} cached" if p else ""))
+          self.prefill_program(rows, width, p)
+          n += 1
     return n
 
   def release(self, key) -> None:

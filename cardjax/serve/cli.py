@@ -71,6 +71,10 @@ def add_arguments(p) -> None:
   p.add_argument("--prefill-rows", type=int, default=16,
                  help="AR and MARS: the most prompts one prefill forward admits together "
                       "(padded to a --batch-sizes entry); 1: one forward per request")
+  p.add_argument("--prefix-page", type=int, default=16,
+                 help="AR and MARS: keep the KV of prompt prefixes that requests share (the "
+                      "chat template's system turn from the start; others learned in "
+                      "multiples of this many tokens) and prefill only what follows; 0: off")
   p.add_argument("--width-bucket", type=int, default=32,
                  help="prompts are left-padded to a multiple of this (compiled widths)")
   p.add_argument("--warmup-width", type=int, default=0,
@@ -109,7 +113,7 @@ def run_serve(args) -> None:
                        block=args.block, verify=args.verify, rule=args.rule,
                        chunk=args.chunk, batch_sizes=sizes, width_bucket=args.width_bucket,
                        max_tokens=args.max_tokens, slots=args.slots, span_min=args.span_min,
-                       prefill_rows=args.prefill_rows)
+                       prefill_rows=args.prefill_rows, prefix_page=args.prefix_page)
   if args.warmup_width > 0:
     start = time.perf_counter()
     shapes = engine.warmup(args.warmup_width, log=lambda line: print(line, file=sys.stderr))

@@ -59,7 +59,7 @@ class Engine:
                method: str = "ar", tau: float = 0.95, block: int = 0, verify: bool = False,
                rule: str = "prob", chunk: int = 16, batch_sizes=(1, 4, 16),
                width_bucket: int = 32, max_tokens: int = 64, mesh=None, slots: int = 512,
-               span_min: int = 64, prefill_rows: int = 16):
+               span_min: int = 64, prefill_rows: int = 16, prefix_page: int = 16):
     from cardjax.decoding import prompts
     from cardjax.decoding.cli import resolve_block
     from cardjax.decoding.frozen import freeze
@@ -79,7 +79,10 @@ class Engine:
     if prefill_rows < 1:
       raise CardjaxError(f"--prefill-rows={prefill_rows} must be >= 1 (1: one prefill "
                          "forward per request)")
+    if prefix_page < 0:
+      raise CardjaxError(f"--prefix-page={prefix_page} must be >= 0 (0: no prefix cache)")
     self.slots, self.span_min, self.prefill_rows = slots, span_min, prefill_rows
+    self.prefix_page, self._prefixes = prefix_page, None
     self.pools: dict = {}
     self.model = freeze(model)
     self.cfg = model.cfg
@@ -192,8 +195,32 @@ class Engine:
                                  batch_sizes=self.batch_sizes, block=s.block or 4,
                                  rule=s.rule, stop_ids=stop_ids, pad_id=self.tokenizer.pad_id,
                                  bucket=prompts_bucket(), span_min=self.span_min,
-                                 prefill_rows=self.prefill_rows)
+                                 prefill_rows=self.prefill_rows, prefixes=self.prefixes())
     return self.pools[key]
+
+  def prefixes(self):
+    """The PrefixStore every pool shares (a prefix's KV does not depend on the method),
+    holding the chat template's opening from the start."""
+    from cardjax.decoding.prefixes import PrefixStore
+
+    if self._prefixes is None:
+      self._prefixes = PrefixStore(self.model, self.prefix_page)
+      prefix = self.chat_prefix()
+      if self.prefix_page and len(prefix) >= self.prefix_page:
+        self._prefixes.add(prefix)
+    return self._prefixes
+
+  def chat_prefix(self) -> list[int]:
+    """The tokens every chat prompt of one user message starts with, whatever it says:
+    the chat template's opening (its default system turn). The pools store its KV from
+    the start (prefixes.py), at its exact length rather than in pages."""
+    from cardjax.decoding.prefixes import common_length
+
+    t = self.tokenizer
+    renders = [t.encode(t.render_chat([{"role": "user", "content": text}],
+                                      add_generation_prompt=True))
+               for text in ("a", "What", " 1", "\n", "<")]
+    return renders[0][:min(common_length(renders[0], r) for r in renders[1:])]
 
   def release(self, s: Settings, key) -> None:
     """Free `key`'s row in its pool, if the pool still holds it."""
@@ -248,7 +275,10 @@ class Engine:
       # (forwards is static: the served chunk), neither run; the row puts and the gathers
       # between tiers and spans are small programs, compiled on first use.
       say = log and (lambda line: log(f"cardjax serve: warm-up: {line}"))
-      return pool.compile_prefills(widths, say) + pool.compile_steps(self.chunk, say)
+      # With the chat template's prefix stored, chat prompts prefill what follows it.
+      prefixes = sorted({0} | {len(p) for p in pool.prefixes.entries})
+      return (pool.compile_prefills(widths, prefixes, log=say) +
+              pool.compile_steps(self.chunk, say))
     for b in self.batch_sizes:
       for w in widths:
         if log:

@@ -25,6 +25,8 @@ class Metrics:
     self.prefills = Counter("cardjax_prefills", "Prompt prefills: one per request when its "
                             "row keeps its KV cache (AR, MARS), one per row per chunk "
                             "otherwise", registry=r)
+    self.prefix_tokens = Counter("cardjax_prefix_cached_tokens", "Prompt tokens read from "
+                                 "the shared-prefix cache instead of prefilled", registry=r)
     self.tokens_per_s = Gauge("cardjax_tokens_per_second",
                               f"Tokens generated per second over the last {WINDOW_S:g} s",
                               registry=r)

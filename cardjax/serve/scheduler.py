@@ -161,9 +161,11 @@ class Scheduler:
         self.metrics.tau.set(self.tau.tau)
       taus.append(tau)
     # One prefill forward for all of them (per prompt width): see SlotPool.admit_many.
-    pool.admit_many((job.id, job.prompt + job.tokens, tau, job.max_tokens - len(job.tokens))
-                    for job, tau in zip(admits, taus))
+    cached = pool.admit_many((job.id, job.prompt + job.tokens, tau,
+                              job.max_tokens - len(job.tokens))
+                             for job, tau in zip(admits, taus))
     self.metrics.prefills.inc(len(admits))
+    self.metrics.prefix_tokens.inc(cached)
     for job, tau in zip(admits, taus):
       job.admitted, job.row_tau = True, tau if s.method == "mars" else None
     seed = next(self._seeds)  # continuous requests carry no seed of their own
