@@ -217,9 +217,12 @@ class Engine:
     from cardjax.decoding.prefixes import common_length
 
     t = self.tokenizer
-    renders = [t.encode(t.render_chat([{"role": "user", "content": text}],
-                                      add_generation_prompt=True))
-               for text in ("a", "What", " 1", "\n", "<")]
+    try:
+      renders = [t.encode(t.render_chat([{"role": "user", "content": text}],
+                                        add_generation_prompt=True))
+                 for text in ("a", "What", " 1", "\n", "<")]
+    except Exception:  # a template that wants more than one user turn: learn prefixes only
+      return []
     return renders[0][:min(common_length(renders[0], r) for r in renders[1:])]
 
   def release(self, s: Settings, key) -> None:
