@@ -56,7 +56,11 @@ bench-check: $(STAMP)
 OFFLINE_PY ?= 3.12
 OFFLINE_WHEELS := tensorflow-datasets==4.9.10 array-record==0.8.6 grain==0.2.18 \
 	dm-tree==0.1.10 tensorboardX==2.6.5 ml-collections==1.1.0 importlib-resources==7.1.0 \
-	tensorflow-metadata==1.21.0 portpicker==1.6.0
+	tensorflow-metadata==1.21.0 portpicker==1.6.0 \
+	fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 prometheus-client==0.26.0 \
+	pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
+	anyio==4.16.0 sniffio==1.3.1 h11==0.16.0 click==8.5.1 idna==3.20 \
+	typing-extensions==4.16.0 jinja2==3.1.6 markupsafe==3.0.4 tokenizers==0.23.3
 bench-pack: $(STAMP)
 	$(BIN)/python benchmarks/decode.py --workdir runs/bench_decode --train-only
 	$(BIN)/python benchmarks/pack_runs.py runs/bench_decode runs/bench_pack
