@@ -197,13 +197,44 @@ def test_model_with_auto_and_interpreted_splash_equals_xla(monkeypatch, caplog):
              and "attention_impl=splash" in r.getMessage() for r in caplog.records)
 
 
+def test_splash_cached_forward_runs_tpu_decode_in_interpret_mode(monkeypatch, caplog):
+  """A 128-wide-head model with attention_impl=splash, interpreted on CPU: its cached
+  forwards (a prefill, then one step) run tpu_decode and give xla's logits."""
+  from cardjax.model import create_model
+  from cardjax.model.cache import KVCache
+
+  caplog.set_level(logging.INFO, logger="cardjax.attention")
+  monkeypatch.setenv(select.INTERPRET_ENV, "1")
+  base = dict(vocab_size=64, hidden_size=256, intermediate_size=64, num_layers=1,
+              num_heads=2, num_kv_heads=1)
+  tokens = jnp.asarray(np.random.default_rng(1).integers(0, 64, (2, 9)), jnp.int32)
+  got = []
+  for impl in ("splash", "xla"):
+    model = create_model(ModelConfig(attention_impl=impl, **base), seed=0)
+
+    @nnx.jit
+    def run(m, t):
+      logits, cache = m.forward_cached(t[:, :8], KVCache.create(m.cfg, 2, 140))
+      step, _ = m.forward_cached(t[:, 8:], cache, positions=jnp.full((2, 1), 8))
+      return logits, step
+    got.append([np.asarray(x) for x in run(model, tokens)])
+  for kernel_out, xla_out in zip(*got):
+    np.testing.assert_allclose(kernel_out, xla_out, atol=1e-4, rtol=1e-4)
+  assert any("cached decoding forwards run tpu_decode" in r.getMessage()
+             for r in caplog.records)
+
+
 @pytest.mark.parametrize("impl, platform, interpret, head_dim, want", [
     ("xla", "gpu", False, 64, "xla"),
     ("auto", "cpu", False, 64, "xla"),
-    ("auto", "tpu", False, 64, "xla"),
+    ("auto", "tpu", False, 64, "xla"),  # 64-wide heads: tpu_decode would relay the cache
+    ("auto", "tpu", False, 128, "tpu_decode"),
     ("auto", "gpu", False, 64, "pallas_decode"),
     ("auto", "gpu", False, 24, "xla"),  # a head dim the kernel does not tile
     ("splash", "tpu", False, 64, "xla"),
+    ("splash", "tpu", False, 128, "tpu_decode"),
+    ("splash", "cpu", True, 256, "tpu_decode"),
+    ("splash", "cpu", False, 128, "xla"),
     ("pallas_gpu", "gpu", False, 64, "pallas_decode"),
     ("pallas_gpu", "cpu", True, 64, "pallas_decode"),
     ("cudnn", "gpu", False, 128, "pallas_decode"),

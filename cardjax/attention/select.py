@@ -199,6 +199,19 @@ def _pallas_decode():
   return _kernel("pallas_decode")
 
 
+# Head dims tpu_decode is picked for: with 64 (two heads per lane tile) a call relays the
+# cache out into the kernel's tiles, a copy of k and v that xla's path does not make.
+TPU_DECODE_HEAD_DIMS = (128, 256)
+
+
+def _tpu_decode_reason(spec, q_len: int, slots: int, head_dim: int) -> str | None:
+  """None where tpu_decode is picked for a TPU cached forward; else why xla runs it."""
+  if head_dim not in TPU_DECODE_HEAD_DIMS:
+    return (f"head_dim {head_dim}: tpu_decode is picked for {TPU_DECODE_HEAD_DIMS} only, "
+            "since narrower heads make each call relay the cache out")
+  return _kernel("tpu_decode").unsupported_reason(spec, q_len, slots, head_dim)
+
+
 def cached_choose(impl: str, spec: MaskSpec, q_shape, slots: int, dtype=jnp.float32, *,
                   platform: str | None = None, interpret: bool | None = None) -> str:
   """The path of a KV-cache forward (decoding's prefill and steps: q [b, tq, h, d] over
@@ -208,8 +221,10 @@ def cached_choose(impl: str, spec: MaskSpec, q_shape, slots: int, dtype=jnp.floa
     pallas_gpu, cudnn            pallas_decode (the flash-decoding kernel over the cache's
                                  layout; cuDNN has none for it), an error where it cannot
                                  serve the call
-    auto                         pallas_decode on GPU where it serves the call, else xla
-    splash                       xla: no TPU kernel reads the cache's layout yet (logged)
+    auto                         pallas_decode on GPU, tpu_decode on TPU, where it serves
+                                 the call; else xla
+    splash                       tpu_decode (the TPU flash-decoding kernel; also in interpret
+                                 mode) where it serves the call, else xla (logged, with why)
 
   Logged once per distinct choice, as `choose` does."""
   if impl not in IMPLEMENTATIONS:
@@ -233,8 +248,15 @@ def cached_choose(impl: str, spec: MaskSpec, q_shape, slots: int, dtype=jnp.floa
   elif impl == "auto" and platform == "gpu":
     if _pallas_decode().unsupported_reason(spec, q_len, slots, head_dim) is None:
       chosen = "pallas_decode"
+  elif (impl == "auto" and platform == "tpu") or (impl == "splash" and
+                                                  (platform == "tpu" or interpret)):
+    reason = _tpu_decode_reason(spec, q_len, slots, head_dim)
+    if reason is None:
+      chosen = "tpu_decode"
+    elif impl == "splash":
+      note = f" ({reason})"
   elif impl == "splash":
-    note = " (no TPU kernel reads the KV cache's layout yet)"
+    note = f" (tpu_decode runs on TPU, or in interpret mode: {INTERPRET_ENV}=1)"
   key = ("cached", impl, chosen, spec.kind, platform, interpret and chosen != "xla")
   if key not in _logged:
     _logged.add(key)
@@ -249,6 +271,10 @@ def cached_run(chosen: str, q, k, v, spec: MaskSpec, q_meta, k_meta, *,
   """Call the path `cached_choose` returned (k, v in the cache's layout)."""
   if chosen == "pallas_decode":
     return _pallas_decode().pallas_decode_attention(
+        q, k, v, spec, q_meta, k_meta, interpret=True if interpret_requested(interpret)
+        else None)
+  if chosen == "tpu_decode":
+    return _kernel("tpu_decode").tpu_decode_attention(
         q, k, v, spec, q_meta, k_meta, interpret=True if interpret_requested(interpret)
         else None)
   from cardjax.attention.reference import cache_attention

@@ -28,6 +28,8 @@ Zero-row guard as pallas_decode: a row with no visible key returns 0, no NaN.
 Versions: written for jax 0.10 (tested with 0.10.2) against `jax.experimental.pallas.tpu`;
 off TPU it runs with interpret=True (the default there), and libtpu's compile-only TPU
 devices compile it from a CPU process (tests/test_tpu_decode.py). Not yet run on a TPU.
+Selected (select.cached_choose) for head_dim 128 and 256 only: with 64 a call relays the
+cache into the kernel's (8, 128) tiles first (docs/attention.md).
 """
 
 from __future__ import annotations
