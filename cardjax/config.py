@@ -51,7 +51,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.shuffle = True  # seeded (config.seed) shuffle, a new order each epoch
   c.data.num_epochs = 0  # 0 = repeat forever
   c.data.packing = True  # pack several examples per row (segment ids keep them apart)
-  c.data.pad_to_multiple = 1  # SFT: EOS-pad each example to a multiple of this (MARS B)
+  # SFT: EOS-pad each example to a multiple of this (MARS B); pretraining: pad each
+  # document (pad_id, no loss) to it, so packed documents start at whole blocks.
+  c.data.pad_to_multiple = 1
   c.data.sft_overflow = "truncate"  # SFT examples longer than seq_len: truncate | drop
   c.data.num_workers = 0  # grain worker processes (0 = in the training process)
   c.objective = ml_collections.ConfigDict()
@@ -240,6 +242,15 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     raise ConfigError(f"config data.pad_to_multiple={d.pad_to_multiple} must be a multiple "
                       f"of objective.block_size={o.block_size} (MARS pads responses to whole "
                       "blocks)")
+  impl = config.model.get("attention_impl", "xla")
+  if (o.name in ("mars", "bd3lm") and d.packing and d.pad_to_multiple % o.block_size
+      and impl in ("splash", "auto")):
+    raise ConfigError(
+        f"config data.pad_to_multiple={d.pad_to_multiple} must be a multiple of "
+        f"objective.block_size={o.block_size} with packed rows and model.attention_impl="
+        f"{impl}: splash (which auto picks on TPU) needs every packed document to start at a "
+        f"whole block; set --config.data.pad_to_multiple={o.block_size} (documents are "
+        "padded, the padding gets no loss) or --config.model.attention_impl=xla")
   if t.loss_chunk < 0:
     raise ConfigError(f"config train.loss_chunk={t.loss_chunk} must be >= 0 "
                       "(0 = the whole sequence at once)")

@@ -104,3 +104,14 @@ def test_section_replaced_by_scalar_is_an_error():
 def test_apply_overrides_on_base():
   c = apply_overrides(base_config(), ["config.mesh.tensor=2"])
   assert c.mesh.tensor == 2
+
+
+def test_splash_block_objectives_need_whole_block_documents():
+  """MARS / BD3LM over packed rows with splash (or auto, which picks it on TPU) need
+  documents padded to whole blocks; the error names both fixes, and either one loads."""
+  with pytest.raises(ConfigError, match=r"pad_to_multiple=1 must be a multiple of "
+                                        r"objective.block_size=4.*attention_impl=xla"):
+    load_config("configs/tiny_bd3lm.py", ["--config.model.attention_impl=splash"])
+  for fix in ("--config.data.pad_to_multiple=4", "--config.model.attention_impl=xla"):
+    load_config("configs/tiny_bd3lm.py", ["--config.model.attention_impl=auto", fix]
+                if "pad" in fix else [fix])

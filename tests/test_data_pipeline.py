@@ -73,6 +73,27 @@ def test_packing_keeps_every_token_with_right_positions(tok):
   assert max(int(b["segment_ids"].max()) for b in batches) > 1  # really packed
 
 
+def test_pretraining_documents_padded_to_whole_blocks(tok):
+  """pad_to_multiple=4 in pretraining: every packed document starts at a multiple of 4
+  (the layout splash needs for MARS / BD3LM blocks), its padding is pad_id with no loss,
+  and the documents' own tokens are all there."""
+  spec = PipelineSpec(seq_len=48, batch_size=2, num_epochs=1, shuffle=False,
+                      pad_to_multiple=4)
+  batches = list(make_dataset(TEXT_SOURCE, tok, spec, 0, 1))
+  got = []
+  for b in batches:
+    for t, s, p, m in zip(b["tokens"], b["segment_ids"], b["positions"], b["loss_mask"]):
+      for seg in set(s.tolist()) - {0}:
+        at = np.flatnonzero(s == seg)
+        assert at[0] % 4 == 0 and len(at) % 4 == 0, (at, seg)
+        np.testing.assert_array_equal(p[at], np.arange(len(at)))
+        real = m[at] == 1
+        assert real.all() or (t[at][~real] == tok.pad_id).all()
+        got.append(tok.decode([x for x in t[at][real].tolist() if x != tok.eos_id]))
+  assert sorted(got) == sorted(DOCS)
+  assert max(int(b["segment_ids"].max()) for b in batches) > 1  # really packed
+
+
 def test_long_documents_are_split_not_dropped(tok, caplog, monkeypatch):
   import collections
 

@@ -61,7 +61,9 @@ class PipelineSpec:
   shuffle: bool = True
   num_epochs: int = 0  # 0 = repeat forever
   packing: bool = True
-  pad_to_multiple: int = 1  # SFT examples are EOS-padded to a multiple of this (MARS B)
+  # SFT examples are EOS-padded to a multiple of this (MARS B); pretraining documents are
+  # padded with pad_id (no loss) to it: every packed document starts at a multiple of it.
+  pad_to_multiple: int = 1
   sft_overflow: str = "truncate"  # truncate | drop, for conversations longer than seq_len
   num_workers: int = 0  # grain worker processes (0 = in this process)
   packing_bins: int = 0  # first-fit bins (0 = per-host batch size)
@@ -101,14 +103,24 @@ def _text(example: dict) -> str:
 
 
 class TokenizeText(grain.transforms.Map):
-  """A document's ids followed by EOS (the separator packed documents train on)."""
+  """A document's ids followed by EOS (the separator packed documents train on).
 
-  def __init__(self, tokenizer: Tokenizer, vocab_limit: int):
-    self.tokenizer, self.vocab_limit = tokenizer, vocab_limit
+  With multiple > 1 the document is padded with pad_id, which gets no loss, to a multiple
+  of it, so every packed document starts at a multiple of it in its row: whole MARS /
+  BD3LM blocks per document, the layout splash attention needs (docs/attention.md)."""
+
+  def __init__(self, tokenizer: Tokenizer, vocab_limit: int, multiple: int = 1):
+    self.tokenizer, self.vocab_limit, self.multiple = tokenizer, vocab_limit, multiple
 
   def map(self, example):
     ids = np.asarray(self.tokenizer.encode(_text(example)) + [self.tokenizer.eos_id], np.int32)
-    return _check_ids(ids, self.vocab_limit)
+    ids = _check_ids(ids, self.vocab_limit)
+    if self.multiple == 1:
+      return {"tokens": ids}
+    pad = (-len(ids)) % self.multiple
+    return {"tokens": np.concatenate([ids, np.full(pad, self.tokenizer.pad_id, np.int32)]),
+            "loss_mask": np.concatenate([np.ones(len(ids), np.int32),
+                                         np.zeros(pad, np.int32)])}
 
 
 class SplitLong(grain_exp.FlatMapTransform):
@@ -117,11 +129,12 @@ class SplitLong(grain_exp.FlatMapTransform):
   def __init__(self, seq_len: int):
     self.seq_len = seq_len
 
-  def flat_map(self, ids):
-    if len(ids) > self.seq_len:
+  def flat_map(self, row):
+    n = len(row["tokens"])
+    if n > self.seq_len:
       _count("documents split (longer than seq_len)")
-    return [{"tokens": ids[start:start + self.seq_len]}
-            for start in range(0, len(ids), self.seq_len)]
+    return [{k: v[start:start + self.seq_len] for k, v in row.items()}
+            for start in range(0, n, self.seq_len)]
 
 
 class ChatRow(grain_exp.FlatMapTransform):
@@ -243,9 +256,9 @@ def make_dataset(source, tokenizer: Tokenizer, spec: PipelineSpec,
   ds = ds[index::count]
   it = ds.to_iter_dataset()
   if spec.mode == "pretrain":
-    it = grain_exp.FlatMapIterDataset(it.map(TokenizeText(tokenizer, spec.vocab_limit)),
-                                      SplitLong(spec.seq_len))
-    features = ("tokens",)
+    tokenize = TokenizeText(tokenizer, spec.vocab_limit, spec.pad_to_multiple)
+    it = grain_exp.FlatMapIterDataset(it.map(tokenize), SplitLong(spec.seq_len))
+    features = ("tokens",) if spec.pad_to_multiple == 1 else ("tokens", "loss_mask")
   else:
     it = grain_exp.FlatMapIterDataset(it, ChatRow(tokenizer, spec, len(source)))
     features = ("tokens", "loss_mask")
