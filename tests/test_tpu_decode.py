@@ -159,3 +159,44 @@ def test_compiles_for_a_compile_only_tpu():
   assert stats.temp_size_in_bytes < one_copy / 4, stats
   stats, cache = compile_for_tpu(64, 1000)
   assert stats.temp_size_in_bytes >= np.prod(cache.shape) * 2, stats
+
+
+def test_in_a_decode_loop_64_wide_heads_keep_the_kernel_layout():
+  """Inside a compiled loop of 8 decode steps (write a token's k/v, attend), libtpu keeps
+  the cache in the kernel's tiles from step to step: the relayout of 64-wide heads happens
+  at the jitted call's entry and exit, never inside the loop body."""
+  import re
+
+  from jax.sharding import SingleDeviceSharding
+
+  from cardjax.plan.targets import parse_target, target_devices
+
+  device = target_devices(parse_target("v5p-8"))[0]
+  b, h, kvh, slots, d = 16, 9, 3, 1024, 64
+
+  def spec(shape, dt):
+    return jax.ShapeDtypeStruct(shape, dt, sharding=SingleDeviceSharding(device))
+
+  def loop(k, v, q, k_meta):
+    def body(i, kv):
+      k, v = kv
+      new = jnp.full((b, kvh, 1, d), 1.0, k.dtype) * i.astype(k.dtype)
+      k = jax.lax.dynamic_update_slice(k, new, (0, 0, i, 0))
+      v = jax.lax.dynamic_update_slice(v, new, (0, 0, i, 0))
+      q_meta = tuple(jnp.full((b, 1), i, jnp.int32) for _ in range(3))
+      out = td.tpu_decode_attention(q, k, v, MaskSpec("causal"), q_meta, k_meta,
+                                    interpret=False)
+      return k + 0 * out.sum().astype(k.dtype), v  # the output feeds the next step
+    return jax.lax.fori_loop(0, 8, body, (k, v))
+
+  cache = spec((b, kvh, slots, d), jnp.bfloat16)
+  with jax.default_device(device):
+    hlo = jax.jit(loop, donate_argnums=(0, 1)).lower(
+        cache, cache, spec((b, 1, h, d), jnp.bfloat16),
+        tuple(spec((b, slots), jnp.int32) for _ in range(3))).compile().as_text()
+  shape = f"bf16[{b},{kvh},{slots},{d}]"
+  in_loop = [line for comp in re.split(r"\n(?=\S)", hlo) if not comp.startswith("ENTRY")
+             for line in comp.splitlines() if shape in line and re.search(r" copy(-start)?\(", line)]
+  assert not in_loop, in_loop
+  entry = next(comp for comp in re.split(r"\n(?=\S)", hlo) if comp.startswith("ENTRY"))
+  assert re.search(re.escape(shape) + r"\S* copy", entry)  # the relayout, at the entry
