@@ -195,8 +195,9 @@ def test_in_a_decode_loop_64_wide_heads_keep_the_kernel_layout():
         cache, cache, spec((b, 1, h, d), jnp.bfloat16),
         tuple(spec((b, slots), jnp.int32) for _ in range(3))).compile().as_text()
   shape = f"bf16[{b},{kvh},{slots},{d}]"
+  copy = re.compile(r" copy(-start)?\(")
   in_loop = [line for comp in re.split(r"\n(?=\S)", hlo) if not comp.startswith("ENTRY")
-             for line in comp.splitlines() if shape in line and re.search(r" copy(-start)?\(", line)]
+             for line in comp.splitlines() if shape in line and copy.search(line)]
   assert not in_loop, in_loop
   entry = next(comp for comp in re.split(r"\n(?=\S)", hlo) if comp.startswith("ENTRY"))
   assert re.search(re.escape(shape) + r"\S* copy", entry)  # the relayout, at the entry

@@ -64,9 +64,9 @@ from cardjax.errors import CardjaxError
 from cardjax.model.cache import EMPTY_SEGMENT, KVCache
 
 METHODS = ("ar", "mars")
-# The most prompts one prefill forward takes by default: 16 rows already keep a CPU's matmuls busy,
-# and a 64-row prefill would stall every live row for seconds (and be the largest program
-# to compile).
+# The most prompts one prefill forward takes by default: 16 rows already keep a CPU's
+# matmuls busy, and a 64-row prefill would stall every live row for seconds (and be the
+# largest program to compile).
 PREFILL_ROWS = 16
 
 
@@ -400,7 +400,7 @@ class SlotPool:
     if not requests:
       return 0
     self._fit(self.live_rows() + len(requests))
-    for r in requests:
+    for r in requests:  # all first: a batch's first prompt then finds what it shares
       self.prefixes.learn(r[1])
     shapes = []  # per request: (its stored prefix, the width of what follows)
     for r in requests:
