@@ -4,8 +4,8 @@
 #   benchmarks/attention_gpu.sh OUT [benchmarks/attention.py flags]
 #
 # Needs only jax with a CUDA backend (jax[cuda12] 0.10 or 0.11, whose Pallas ships the
-# Triton lowering) and numpy: no network, no datasets, no models. Installs .whl/ (if any)
-# into a private folder like decode_offline.sh, prints the devices, then runs
+# Triton lowering) and numpy: no network, no datasets, no models. Installs .whl/ (if any,
+# benchmarks/device_setup.sh) into a private folder, prints the devices, then runs
 # benchmarks/attention.py --kernel: tile tables, the kernel's device tables, a compiled
 # max-error check against the dense reference (timings are skipped if it fails) and the
 # timing table (kernel vs cuDNN + dense mask vs cuDNN causal; causal, packed and MARS
@@ -20,22 +20,9 @@ cd "$(dirname "$0")/.."
 out=${1:?usage: benchmarks/attention_gpu.sh OUT [attention.py flags]}
 shift
 mkdir -p "$out"
-export PYTHONPATH="$PWD"
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/cardjax-site .whl/*.whl || echo "warning: .whl/ install failed; using the system packages"
-  export PYTHONPATH="/tmp/cardjax-site:$PWD"
-fi
-export PYTHONUNBUFFERED=1
 # Let XLA take memory as it needs it: the dense masks of the cuDNN baseline are large.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 || true; } \
-  | tee "$out/machine.txt"
-if ! python3 -c "import jax, numpy; print('jax', jax.__version__, jax.devices())" 2>&1 \
-    | tee -a "$out/machine.txt"; then
-  echo "jax is not importable here; nothing to measure" | tee -a "$out/machine.txt"
-  exit 2
-fi
+source benchmarks/device_setup.sh
 timeout -k 10 400 python3 benchmarks/attention.py --kernel --budget-s 300 \
   --out "$out/attention_gpu.md" "$@" 2>&1 | tee "$out/attention_gpu.log"
 status=${PIPESTATUS[0]}

@@ -9,7 +9,7 @@
 # weights (MARS's tokens per forward does: its rows would say nothing here). Carry
 # runs/smollm2/base/hf_assets (the tokenizer and chat template, 3.4 MB, from `make
 # smollm2`) and .whl/ (`make bench-pack`: the serving stack's wheels for Python 3.12).
-# Installs .whl/ into a private folder like decode_offline.sh, writes the random-init
+# Sets up like attention_gpu.sh (benchmarks/device_setup.sh), writes the random-init
 # checkpoint with `cardjax init`, then runs benchmarks/serve.py: AR, continuous batching,
 # 1, 4, 16, 64 clients, the defaults against --prefix-page 0 (the target: 16
 # clients >= 4x one client). The table and results.json go to OUT; the run stops itself
@@ -19,18 +19,9 @@ cd "$(dirname "$0")/.."
 out=${1:?usage: benchmarks/serve_gpu.sh OUT [serve.py flags]}
 shift
 mkdir -p "$out"
-export PYTHONPATH="$PWD"
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/cardjax-site .whl/*.whl || echo "warning: .whl/ install failed; using the system packages"
-  export PYTHONPATH="/tmp/cardjax-site:$PWD"
-fi
-export PYTHONUNBUFFERED=1
 # Compiled programs stay on the device machine, not in OUT (which comes back).
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/cardjax-serve-xla}
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 || true; } \
-  | tee "$out/machine.txt"
-python3 -c "import jax; print('jax', jax.__version__, jax.devices())" 2>&1 | tee -a "$out/machine.txt"
+source benchmarks/device_setup.sh
 tokenizer=${CARDJAX_TOKENIZER:-runs/smollm2/base/hf_assets}
 [ -f "$tokenizer/tokenizer.json" ] || { echo "no $tokenizer/tokenizer.json: carry it" >&2; exit 2; }
 run=${CARDJAX_SERVE_RUN:-/tmp/cardjax-serve-init}
