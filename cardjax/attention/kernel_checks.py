@@ -1,16 +1,30 @@
-"""Input checks shared by the Pallas GPU kernels: one clear ValueError for bad input before
+"""Input checks shared by the Pallas kernels: one clear ValueError for bad input before
 any device work (numpy inputs included), worded for the layout the kernel reads.
 
 Two layouts: the training kernel (pallas_gpu) takes k, v as [batch, length, kv_heads,
-head_dim], like the model's projections; the decode kernel (pallas_decode) reads the KV
-cache in place, [batch, kv_heads, slots, head_dim].
+head_dim], like the model's projections; the decode kernels (pallas_decode, tpu_decode)
+read the KV cache in place, [batch, kv_heads, slots, head_dim].
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
+from cardjax.attention.masks import MaskSpec
+
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+
+
+def call_reason(spec, q_len: int, k_len: int, *, cache_layout: bool) -> str | None:
+  """Why no kernel serves a call whatever its tiles (a spec that is not a MaskSpec, an
+  empty side), or None: the start of every kernel's unsupported_reason."""
+  if not isinstance(spec, MaskSpec):
+    return f"spec must be a cardjax MaskSpec, got {type(spec).__name__}"
+  if cache_layout and (q_len < 1 or k_len < 1):
+    return f"empty input (q_len={q_len}, slots={k_len}); pass at least one query and slot"
+  if q_len < 1 or k_len < 1:
+    return f"empty sequence (q_len={q_len}, k_len={k_len}); pass at least one token"
+  return None
 
 
 def check_inputs(q, k, v, spec, q_meta, k_meta, *, kernel: str, cache_layout: bool,

@@ -50,7 +50,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from cardjax.attention.kernel_checks import check_inputs
+from cardjax.attention.kernel_checks import call_reason, check_inputs
 from cardjax.attention.masks import MaskSpec
 from cardjax.attention.pallas_gpu import HEAD_DIMS, MIN_BLOCK, _dot, _pow2_block
 
@@ -64,10 +64,9 @@ TARGET_PROGRAMS, MIN_TILES_PER_SPLIT = 256, 4
 
 def unsupported_reason(spec, q_len: int, slots: int, head_dim: int) -> str | None:
   """None when the kernel serves this call; else one line saying why not and the fix."""
-  if not isinstance(spec, MaskSpec):
-    return f"spec must be a cardjax MaskSpec, got {type(spec).__name__}"
-  if q_len < 1 or slots < 1:
-    return f"empty input (q_len={q_len}, slots={slots}); pass at least one query and slot"
+  reason = call_reason(spec, q_len, slots, cache_layout=True)
+  if reason:
+    return reason
   if head_dim not in HEAD_DIMS:
     return (f"head_dim {head_dim} is not one of {HEAD_DIMS} (Triton tiles need a power of "
             f"two >= 16; larger dims overflow registers); use xla's cache_attention")

@@ -57,7 +57,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from cardjax.attention.kernel_checks import check_inputs
+from cardjax.attention.kernel_checks import call_reason, check_inputs
 from cardjax.attention.masks import CLEAN, NOISY, MaskSpec
 
 EMPTY, PARTIAL, FULL = 0, 1, 2  # the values of cardjax.attention.tiles
@@ -72,10 +72,9 @@ HEAD_DIMS = (16, 32, 64, 128)
 
 def unsupported_reason(spec, q_len: int, k_len: int, head_dim: int) -> str | None:
   """None when the kernel serves this call; else one line saying why not and the fix."""
-  if not isinstance(spec, MaskSpec):
-    return f"spec must be a cardjax MaskSpec, got {type(spec).__name__}"
-  if q_len < 1 or k_len < 1:
-    return f"empty sequence (q_len={q_len}, k_len={k_len}); pass at least one token"
+  reason = call_reason(spec, q_len, k_len, cache_layout=False)
+  if reason:
+    return reason
   if head_dim not in HEAD_DIMS:
     return (f"head_dim {head_dim} is not one of {HEAD_DIMS} (Triton tiles need a power of "
             f"two >= 16; larger dims overflow registers); use attention_impl='xla'")

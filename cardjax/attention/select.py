@@ -269,13 +269,9 @@ def cached_choose(impl: str, spec: MaskSpec, q_shape, slots: int, dtype=jnp.floa
 def cached_run(chosen: str, q, k, v, spec: MaskSpec, q_meta, k_meta, *,
                interpret: bool | None = None):
   """Call the path `cached_choose` returned (k, v in the cache's layout)."""
-  if chosen == "pallas_decode":
-    return _pallas_decode().pallas_decode_attention(
-        q, k, v, spec, q_meta, k_meta, interpret=True if interpret_requested(interpret)
-        else None)
-  if chosen == "tpu_decode":
-    return _kernel("tpu_decode").tpu_decode_attention(
-        q, k, v, spec, q_meta, k_meta, interpret=True if interpret_requested(interpret)
-        else None)
+  if chosen in ("pallas_decode", "tpu_decode"):  # module cardjax/attention/{chosen}.py
+    attention = getattr(_kernel(chosen), f"{chosen}_attention")
+    return attention(q, k, v, spec, q_meta, k_meta,
+                     interpret=True if interpret_requested(interpret) else None)
   from cardjax.attention.reference import cache_attention
   return cache_attention(q, k, v, spec, q_meta, k_meta)

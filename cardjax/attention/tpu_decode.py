@@ -42,7 +42,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from cardjax.attention.kernel_checks import check_inputs
+from cardjax.attention.kernel_checks import call_reason, check_inputs
 from cardjax.attention.masks import MaskSpec
 from cardjax.attention.pallas_decode import _fold_meta, key_tile_ranges
 
@@ -53,10 +53,9 @@ HEAD_DIMS = (64, 128, 256)
 
 def unsupported_reason(spec, q_len: int, slots: int, head_dim: int) -> str | None:
   """None when the kernel serves this call; else one line saying why not and the fix."""
-  if not isinstance(spec, MaskSpec):
-    return f"spec must be a cardjax MaskSpec, got {type(spec).__name__}"
-  if q_len < 1 or slots < 1:
-    return f"empty input (q_len={q_len}, slots={slots}); pass at least one query and slot"
+  reason = call_reason(spec, q_len, slots, cache_layout=True)
+  if reason:
+    return reason
   if head_dim not in HEAD_DIMS:
     return (f"head_dim {head_dim} is not one of {HEAD_DIMS} (a TPU kernel's last dim is a "
             "multiple of its 128 lanes, or 64); use xla's cache_attention")
