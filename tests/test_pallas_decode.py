@@ -130,23 +130,26 @@ def inputs(key, b, tq, h, kvh, d, dtype=jnp.float32, slots=SLOTS):
           jax.random.normal(kv, (b, kvh, slots, d), jnp.float32).astype(dtype))
 
 
-def poison_unwritten_tiles(k, v, k_meta):
-  """k, v with NaN in every key tile wholly past each row's last written slot."""
+def poison_unwritten_tiles(k, v, k_meta, tile=BLOCK_K):
+  """k, v with NaN in every key tile (of `tile` slots) wholly past each row's last
+  written slot."""
   seg = np.asarray(k_meta[2])
   k, v = np.array(k, np.float32), np.array(v, np.float32)
   for r in range(seg.shape[0]):
     written = np.nonzero(seg[r] != EMPTY_SEGMENT)[0]
-    end = -(-(written.max() + 1 if written.size else 0) // BLOCK_K) * BLOCK_K
+    end = -(-(written.max() + 1 if written.size else 0) // tile) * tile
     k[r, :, end:], v[r, :, end:] = np.nan, np.nan
   return jnp.asarray(k), jnp.asarray(v)
 
 
-def assert_matches(spec, q, k, v, q_meta, k_meta, num_splits=1, tol=F32_TOL, poison=True):
-  """The kernel equals cache_attention (float32, on the same rounded inputs) on every row
-  that sees a key and returns exactly 0 on the others."""
-  bad_k, bad_v = poison_unwritten_tiles(k, v, k_meta) if poison else (k, v)
-  out = kernel(spec, num_splits)(q, bad_k.astype(k.dtype), bad_v.astype(v.dtype),
-                                 q_meta, k_meta)
+def assert_matches(spec, q, k, v, q_meta, k_meta, num_splits=1, tol=F32_TOL, poison=True,
+                   run=None, tile=BLOCK_K):
+  """The kernel (`run`, default this file's pallas_decode with `num_splits`) equals
+  cache_attention (float32, on the same rounded inputs) on every row that sees a key and
+  returns exactly 0 on the others."""
+  bad_k, bad_v = poison_unwritten_tiles(k, v, k_meta, tile) if poison else (k, v)
+  run = run or kernel(spec, num_splits)
+  out = run(q, bad_k.astype(k.dtype), bad_v.astype(v.dtype), q_meta, k_meta)
   assert out.dtype == q.dtype and out.shape == q.shape
   ref = cache_attention(*(x.astype(jnp.float32) for x in (q, k, v)), spec, q_meta, k_meta)
   out, ref = np.asarray(out, np.float32), np.asarray(ref)
