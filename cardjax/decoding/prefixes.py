@@ -44,6 +44,20 @@ def _prefix_kv(graphdef, params, tokens):
   return cache
 
 
+def prepend(prefix: KVCache, cache: KVCache) -> KVCache:
+  """`cache` (empty, b rows) after a stored prefix's P slots: each row's first P slots are
+  the prefix's one row, written up to P (the index)."""
+  p = prefix.slots
+  new = {}
+  for name in ("k", "v", "positions", "streams", "segments"):
+    mine, theirs = getattr(cache, name), getattr(prefix, name)
+    axis = 3 if mine.ndim == 5 else 1  # the slots axis
+    shape = list(mine.shape)
+    shape[axis] = p
+    new[name] = jnp.concatenate([jnp.broadcast_to(theirs, shape), mine], axis=axis)
+  return KVCache(**new, index=jnp.int32(p))
+
+
 def common_length(a, b) -> int:
   """How many leading tokens `a` and `b` share."""
   n = 0

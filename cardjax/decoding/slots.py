@@ -58,7 +58,7 @@ from flax import nnx
 from cardjax.decoding.ar import sample_tokens
 from cardjax.decoding.frozen import freeze
 from cardjax.decoding.mars import check_args, judge_window, window_inputs
-from cardjax.decoding.prefixes import PAGE, PrefixStore
+from cardjax.decoding.prefixes import PAGE, PrefixStore, prepend
 from cardjax.decoding.prompts import BUCKET, left_pad
 from cardjax.errors import CardjaxError
 from cardjax.model.cache import EMPTY_SEGMENT, KVCache
@@ -94,16 +94,8 @@ def _prefill(graphdef, params, tokens, positions, segments, prefix=None):
   b, w = tokens.shape
   cache = KVCache.create(model.cfg, b, w - 1)
   if prefix is not None:
-    p = prefix.slots
-    new = {}  # per field: the prefix's slots (its one row broadcast), then the prompts'
-    for name in ("k", "v", "positions", "streams", "segments"):
-      mine, theirs = getattr(cache, name), getattr(prefix, name)
-      axis = 3 if mine.ndim == 5 else 1  # the slots axis
-      shape = list(mine.shape)
-      shape[axis] = p
-      new[name] = jnp.concatenate([jnp.broadcast_to(theirs, shape), mine], axis=axis)
-    cache = KVCache(**new, index=jnp.int32(p))
-    positions = positions + p
+    cache = prepend(prefix, cache)
+    positions = positions + prefix.slots
   _, cache = model.forward_cached(tokens[:, :-1], cache, positions=positions[:, :-1],
                                   segment_ids=segments[:, :-1],
                                   logits_at=jnp.zeros((b, 1), jnp.int32))
