@@ -2,6 +2,10 @@
 
   python benchmarks/check.py                      # make bench-check
   python benchmarks/check.py --record             # after a run: record its results
+  python benchmarks/check.py --compare RECORDED NEW   # two results.json, no run
+
+`--compare` judges any two results.json of `benchmarks/decode.py` the same way (e.g. the code
+table in docs/decode_benchmark_code_results.json against a second run of its command).
 
 The recorded run is docs/bench_check.json: the results.json of `benchmarks/decode.py` with
 CHECK_ARGS (arith only, 3 training seeds, batch 1). The check trains and decodes the same
@@ -36,8 +40,16 @@ def main() -> None:
   parser.add_argument("--workdir", default="runs/bench_check")
   parser.add_argument("--record", action="store_true",
                       help="copy WORKDIR/results.json to docs/bench_check.json, check nothing")
+  parser.add_argument("--compare", nargs=2, metavar=("RECORDED", "NEW"),
+                      help="compare two results.json files, run nothing")
   parser.add_argument("--quality-slack", type=float, default=0.05)
   args = parser.parse_args()
+  if args.compare:
+    for path in args.compare:
+      if not Path(path).is_file():
+        raise SystemExit(f"{path} is missing: --compare takes two results.json files of "
+                         f"benchmarks/decode.py")
+    judge(*(json.loads(Path(p).read_text()) for p in args.compare), args.quality_slack)
   results = Path(args.workdir) / "results.json"
   if args.record:
     if not results.is_file():
@@ -51,8 +63,12 @@ def main() -> None:
   if not RECORD.is_file():
     raise SystemExit(f"{RECORD} is missing: nothing recorded to check against; record this "
                      f"run with `python benchmarks/check.py --workdir {args.workdir} --record`")
-  verdicts = recorded.compare(json.loads(RECORD.read_text()), json.loads(results.read_text()),
-                              quality_slack=args.quality_slack)
+  judge(json.loads(RECORD.read_text()), json.loads(results.read_text()), args.quality_slack)
+
+
+def judge(recorded_run: dict, new_run: dict, quality_slack: float) -> None:
+  """Print the row-by-row verdicts and exit 1 when a row is outside the recorded spread."""
+  verdicts = recorded.compare(recorded_run, new_run, quality_slack=quality_slack)
   print(recorded.report(verdicts))
   sys.exit(0 if all(v.ok for v in verdicts) else 1)
 

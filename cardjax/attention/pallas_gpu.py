@@ -375,8 +375,15 @@ def _attention_bwd(cfg, res, d_out):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def lower_for_gpu(fn, *args):
+def lower_for_gpu(fn, *args, device_kind: str = "NVIDIA H100"):
   """Lower `fn(*args)` for CUDA on any machine: the Pallas calls inside go through the
   Triton lowering (every primitive needs a Triton rule, every tile shape must be legal),
-  without compiling or running. Returns the lowered StableHLO text."""
-  return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  without compiling or running. Returns the lowered StableHLO text.
+
+  The lowering runs under an abstract mesh whose device is a GPU of `device_kind`: from
+  jax 0.11 the Triton rule reads the target's compute capability from the device and stops
+  on a machine without a GPU unless one is named this way (jax 0.10 does not ask)."""
+  device = jax.sharding.AbstractDevice(device_kind=device_kind, num_cores=None, platform="gpu")
+  mesh = jax.sharding.AbstractMesh((1,), ("gpu",), abstract_device=device)
+  with jax.sharding.use_abstract_mesh(mesh):
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
