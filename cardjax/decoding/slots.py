@@ -53,176 +53,21 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from cardjax.decoding.ar import sample_tokens
 from cardjax.decoding.frozen import freeze
-from cardjax.decoding.mars import check_args, judge_window, window_inputs
-from cardjax.decoding.prefixes import PAGE, PrefixStore, prepend
+from cardjax.decoding.mars import check_args
+from cardjax.decoding.prefixes import PAGE, PrefixStore
+from cardjax.decoding import slot_programs as programs
+from cardjax.decoding.slot_programs import Rows
 from cardjax.decoding.prompts import BUCKET, left_pad
 from cardjax.errors import CardjaxError
-from cardjax.model.cache import EMPTY_SEGMENT, KVCache
+from cardjax.model.cache import KVCache
 
 METHODS = ("ar", "mars")
 # The most prompts one prefill forward takes by default: 16 rows already keep a CPU's
 # matmuls busy, and a 64-row prefill would stall every live row for seconds (and be the
 # largest program to compile).
 PREFILL_ROWS = 16
-
-
-@dataclasses.dataclass
-class Rows:
-  """Per-row decode state besides the cache (device arrays, [rows] or [rows, width])."""
-  pending: jax.Array  # [rows, max(B, 1)] committed tokens whose keys are not cached yet
-  n_pending: jax.Array  # [rows]
-  committed: jax.Array  # [rows] the row's length (prompt + generated): the next position
-  live: jax.Array  # [rows] bool: decoding (admitted, not stopped)
-  tau: jax.Array  # [rows] float32, MARS
-  budget: jax.Array  # [rows] tokens the row may still produce
-
-
-jax.tree_util.register_dataclass(Rows, data_fields=[f.name for f in dataclasses.fields(Rows)],
-                                 meta_fields=[])
-
-
-def _prefill(graphdef, params, tokens, positions, segments, prefix=None):
-  """A cache of the prompts' rows holding each prompt less its last token, in as many
-  slots as the padded width less one; with `prefix` (a PrefixStore cache of P slots) the
-  prompts are what follows that prefix: each row's first P slots are a copy of it and the
-  prompts' positions start at P."""
-  model = nnx.merge(graphdef, params)
-  b, w = tokens.shape
-  cache = KVCache.create(model.cfg, b, w - 1)
-  if prefix is not None:
-    cache = prepend(prefix, cache)
-    positions = positions + prefix.slots
-  _, cache = model.forward_cached(tokens[:, :-1], cache, positions=positions[:, :-1],
-                                  segment_ids=segments[:, :-1],
-                                  logits_at=jnp.zeros((b, 1), jnp.int32))
-  return cache
-
-
-def _put_rows(cache: KVCache, rows: "Rows", new: KVCache, row_ids, last, length, tau,
-              budget):
-  """`cache` and `rows` with rows `row_ids` ([n]; an id past the last row is dropped: a
-  padding row of the prefill) replaced by the n prefilled rows of `new` (their slots
-  become the rows' first ones, the rest empty, their index new.index) and fresh row
-  states: pending = [last], `length` tokens so far. One call, so an admit is one dispatch
-  besides the prefill."""
-  w = new.slots
-
-  def put(buf, value):
-    if buf.ndim == 5:  # [layers, rows, kv_heads, slots, head_dim]
-      return buf.at[:, row_ids, :, :w].set(value, mode="drop")
-    return buf.at[row_ids, :w].set(value, mode="drop")
-
-  segments = cache.segments.at[row_ids].set(EMPTY_SEGMENT, mode="drop")  # the last occupant
-  cache = KVCache(k=put(cache.k, new.k), v=put(cache.v, new.v),
-                  positions=put(cache.positions, new.positions),
-                  streams=put(cache.streams, new.streams), segments=put(segments, new.segments),
-                  index=cache.index.at[row_ids].set(new.index, mode="drop"))
-
-  def set_rows(x, value):
-    return x.at[row_ids].set(value, mode="drop")
-
-  pending = jnp.zeros((len(last),) + rows.pending.shape[1:], jnp.int32).at[:, 0].set(last)
-  rows = Rows(pending=set_rows(rows.pending, pending), n_pending=set_rows(rows.n_pending, 1),
-              committed=set_rows(rows.committed, length), live=set_rows(rows.live, True),
-              tau=set_rows(rows.tau, tau), budget=set_rows(rows.budget, budget))
-  return cache, rows
-
-
-def _gather(cache: KVCache, rows: Rows, order, *, span: int):
-  """The cache and row state of rows `order` (-1: an empty row) in that order, the cache
-  cut or padded (empty slots) to `span` slots."""
-  take = jnp.maximum(order, 0)
-  empty = order < 0
-
-  def fit(x, axis, fill=0):  # slots [0, span): the caller keeps every written one
-    x = jax.lax.slice_in_dim(x, 0, min(span, x.shape[axis]), axis=axis)
-    pad = [(0, 0)] * x.ndim
-    pad[axis] = (0, span - x.shape[axis])
-    return jnp.pad(x, pad, constant_values=fill)
-
-  k = fit(jnp.take(cache.k, take, axis=1), 3)
-  v = fit(jnp.take(cache.v, take, axis=1), 3)
-  segments = fit(jnp.where(empty[:, None], EMPTY_SEGMENT, cache.segments[take]), 1,
-                 EMPTY_SEGMENT)
-  cache = KVCache(k=k, v=v, positions=fit(cache.positions[take], 1),
-                  streams=fit(cache.streams[take], 1), segments=segments,
-                  index=jnp.where(empty, 0, cache.index[take]))
-  rows = jax.tree.map(lambda x: x[take], rows)
-  return cache, dataclasses.replace(rows, live=rows.live & ~empty)
-
-
-def _step(graphdef, params, cache: KVCache, rows: Rows, stop_ids, pad_id, mask_id,
-          temperature, top_p, rng, *, forwards: int, method: str, block: int, rule: str,
-          limit: int):
-  """Up to `forwards` forwards for every live row; a row stops when its next window would
-  pass `limit` slots (the pool's, not the span's: the caller makes the span hold every slot
-  this step writes). Returns (cache, rows, out [rows, forwards * max(B, 1)], count [rows],
-  forwards each row was live for [rows])."""
-  model = nnx.merge(graphdef, params)
-  b = rows.live.shape[0]
-  width = max(block, 1)
-  out = jnp.full((b, forwards * width), pad_id, jnp.int32)
-  count = jnp.zeros((b,), jnp.int32)
-  slot = jnp.arange(width)
-
-  def cond(carry):
-    _, rows, _, _, n, _, _ = carry
-    return (n < forwards) & jnp.any(rows.live)
-
-  def ar_body(carry):
-    cache, rows, out, count, n, rng, used = carry
-    live = rows.live
-    ids = rows.pending[:, :1]
-    pos = (rows.committed - 1)[:, None]
-    logits, cache = model.forward_cached(ids, cache, positions=pos,
-                                         segment_ids=jnp.ones_like(ids))
-    rng, key = jax.random.split(rng)
-    token = sample_tokens(logits[:, -1], key, temperature, top_p)
-    k = live.astype(jnp.int32)
-    cache = dataclasses.replace(cache, index=cache.index - 1 + k)  # a stopped row stays
-    return commit(cache, rows, out, count, n, rng, used, token[:, None], k)
-
-  def mars_body(carry):
-    cache, rows, out, count, n, rng, used = carry
-    live = rows.live
-    # mars.py's full window: all B pending slots, so one program whatever a row keeps.
-    ids, pos, seg, need = window_inputs(rows.pending, rows.n_pending, rows.committed, mask_id,
-                                        block, block)
-    start = cache.index
-    logits, cache = model.forward_cached(ids, cache, positions=pos, segment_ids=seg,
-                                         logits_at=need)
-    cache = dataclasses.replace(cache, index=start + jnp.where(live, rows.n_pending, 0))
-    rng, key = jax.random.split(rng)
-    guess, k = judge_window(logits, rows.tau[:, None], rule, temperature, top_p, key)
-    return commit(cache, rows, out, count, n, rng, used, guess, jnp.where(live, k, 0))
-
-  def commit(cache, rows, out, count, n, rng, used, guess, k):
-    """Keep the first k guesses of each row, up to its first stop token and its budget;
-    the row stops there, or when its next window would not fit the slots."""
-    is_stop = jnp.isin(guess, stop_ids) & (slot[None] < k[:, None])
-    first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1) + 1, width)
-    k = jnp.minimum(jnp.minimum(k, first_stop), rows.budget)
-    take = slot[None] < k[:, None]
-    idx = jnp.where(take, count[:, None] + slot[None], out.shape[1])
-    out = out.at[jnp.arange(b)[:, None], idx].set(guess, mode="drop")
-    stopped = jnp.any(is_stop & take, axis=1) | (rows.budget - k <= 0)
-    # The index is past this forward's kept tokens: the next window is written from it.
-    full = cache.index + (1 if method == "ar" else 2 * block) > limit
-    rows = Rows(pending=jnp.where(take, guess, pad_id),
-                n_pending=jnp.where(k > 0, k, rows.n_pending),
-                committed=rows.committed + k, live=rows.live & ~stopped & ~full,
-                tau=rows.tau, budget=rows.budget - k)
-    used = used + (k > 0).astype(jnp.int32)
-    return cache, rows, out, count + k, n + 1, rng, used
-
-  body = ar_body if method == "ar" else mars_body
-  cache, rows, out, count, _, _, used = jax.lax.while_loop(
-      cond, body, (cache, rows, out, count, jnp.int32(0), rng, jnp.zeros((b,), jnp.int32)))
-  return cache, rows, out, count, used
 
 
 class SlotPool:
@@ -260,13 +105,13 @@ class SlotPool:
     # Prefill batches: the batch sizes up to prefill_rows (at least the smallest).
     self.prefill_sizes = tuple(b for b in self.batch_sizes if b <= prefill_rows)
     self.prefill_sizes = self.prefill_sizes or self.batch_sizes[:1]
-    self._prefill = jax.jit(functools.partial(_prefill, g))
+    self._prefill = jax.jit(functools.partial(programs.prefill, g))
     self._prefills = {}  # (rows, prefix, width) -> the compiled prefill (compile_prefills)
     # Stored prefixes (a store shared with the model's other pools, or its own).
     self.prefixes = prefixes or PrefixStore(self.model, prefix_page)
-    self._put = jax.jit(_put_rows, donate_argnums=(0, 1))
-    self._gather = jax.jit(_gather, static_argnames="span")  # a new shape: no donation
-    self._step = jax.jit(functools.partial(_step, g), donate_argnums=(1, 2),
+    self._put = jax.jit(programs.put_rows, donate_argnums=(0, 1))
+    self._gather = jax.jit(programs.gather, static_argnames="span")  # a new shape: no donation
+    self._step = jax.jit(functools.partial(programs.step, g), donate_argnums=(1, 2),
                          static_argnames=("forwards", "method", "block", "rule", "limit"))
     self.owner: list = []  # per row: the caller's key, None when free
     # Host copies of each row's write index, token budget and liveness: what the span
