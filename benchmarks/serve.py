@@ -20,7 +20,9 @@ labelled with them: the A/B of a server option in one run, e.g. the shared-prefi
 (`--prefix-page 0` turns it off) and batched admission (`--prefill-rows 1`: one prefill
 forward per request).
 Per level: generated tokens/s and requests/s over the level's wall time, p50
-and p99 request latency, the mean tokens per forward the server reported. The table and
+and p99 request latency, the mean tokens per forward the server reported, and the mean
+requests per decode step (the server's cardjax_batch_rows histogram over the level): how
+full the batch was, which with a step's cost bounds the throughput. The table and
 the machine go to stdout and --out/results.json.
 
 The default checkpoint is the decode benchmark's trained AR SFT model (configs/
@@ -133,6 +135,19 @@ def level(url: str, model: str, clients: int, requests: int, max_tokens: int,
                                                       for u in usages), 3)}
 
 
+def batch_rows(url: str) -> tuple[float, float]:
+  """The server's cardjax_batch_rows histogram so far: (sum, count), the requests its decode
+  calls held and the calls."""
+  with urllib.request.urlopen(url + "/metrics") as r:
+    text = r.read().decode()
+  found = {}
+  for line in text.splitlines():
+    name, _, value = line.partition(" ")
+    if name in ("cardjax_batch_rows_sum", "cardjax_batch_rows_count"):
+      found[name] = float(value)
+  return found.get("cardjax_batch_rows_sum", 0.0), found.get("cardjax_batch_rows_count", 0.0)
+
+
 def model_name(url: str) -> str:
   with urllib.request.urlopen(url + "/v1/models") as r:
     return json.loads(r.read())["data"][0]["id"]
@@ -196,7 +211,11 @@ def main() -> None:
       for c in levels:
         if args.warm_levels:  # each level's shapes (tiers, spans, gathers) once, unrecorded
           level(url, name, c, 1, args.max_tokens, seed=1000 + c)
+        before = batch_rows(url)
         row = dict(method=method, **level(url, name, c, args.requests, args.max_tokens, c))
+        after = batch_rows(url)
+        calls = after[1] - before[1]
+        row["rows_per_step"] = round((after[0] - before[0]) / calls, 1) if calls else None
         print(json.dumps(row), flush=True)
         results.append(row)
     finally:
@@ -208,13 +227,13 @@ def main() -> None:
         f"chunk {args.chunk}, continuous: {args.slots} slots a row, spans from "
         f"{args.span_min}\nmachine: {machine.line(info)}\n")
   print("| method | clients | tokens/s | requests/s | p50 latency s | p99 latency s | "
-        "tokens/forward | x 1 client |")
-  print("|---|---|---|---|---|---|---|---|")
+        "tokens/forward | rows per step | x 1 client |")
+  print("|---|---|---|---|---|---|---|---|---|")
   for r in results:
     base = next(b for b in results if b["method"] == r["method"])["tokens_per_s"]
     print(f"| {r['method']} | {r['clients']} | {r['tokens_per_s']} | {r['requests_per_s']} | "
           f"{r['p50_s']} | {r['p99_s']} | {r['tokens_per_forward']} | "
-          f"{r['tokens_per_s'] / base:.1f} |")
+          f"{r.get('rows_per_step')} | {r['tokens_per_s'] / base:.1f} |")
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   (out / "results.json").write_text(json.dumps(

@@ -155,6 +155,14 @@ def test_concurrent_requests_batch_without_mixing_settings(client, reference, se
   assert again.choices[0].text == out[2].choices[0].text
 
 
+def test_metrics_count_a_decode_call_before_its_answer_returns(client, server):
+  # A load test reads /metrics right after its last answer: the call must be counted by then.
+  calls = metric(server[1], "cardjax_batch_rows_count")
+  client.completions.create(model="run", prompt=PROMPTS[0], max_tokens=4,
+                            extra_body={"method": "ar"})
+  assert metric(server[1], "cardjax_batch_rows_count") > calls
+
+
 def _post(url, body: bytes):
   request = urllib.request.Request(url + "/v1/completions", data=body,
                                    headers={"Content-Type": "application/json"})

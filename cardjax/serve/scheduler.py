@@ -172,11 +172,12 @@ class Scheduler:
     new, ended, forwards = pool.step(self.engine.chunk, s.temperature, s.top_p, seed)
     now = time.monotonic()
     stop_ids = set() if s.ignore_eos else set(self.engine.tokenizer.stop_ids)
-    made = rows = 0
+    # Before any delivery: a client that reads /metrics after its answer sees this step.
+    self.metrics.batch_rows.observe(sum(job.id in new for job in jobs))
+    made = 0
     for job in jobs:
       if job.id not in new:
         continue
-      rows += 1
       if job.cancelled:  # its client left during the step: free the row now
         with self.cond:
           self.pool.remove(job)
@@ -189,7 +190,6 @@ class Scheduler:
                        forced):
         self.engine.release(s, job.id)
     self.metrics.generated(made, sum(forwards.values()))
-    self.metrics.batch_rows.observe(rows)
     with self.cond:
       self.running = 0
       self.metrics.running.set(0)
@@ -209,6 +209,7 @@ class Scheduler:
     self.metrics.prefills.inc(len(batch))
     now = time.monotonic()
     stop_ids = set() if s.ignore_eos else set(self.engine.tokenizer.stop_ids)
+    self.metrics.batch_rows.observe(len(batch))  # before delivery, as in _step
     made = 0
     for job, row in zip(batch, out.rows()):
       if job.cancelled:  # its client left during the chunk: free the row now
@@ -220,7 +221,6 @@ class Scheduler:
       made += len(row)
       self._deliver(job, row, out.forwards, tau, now, stop_ids)
     self.metrics.generated(made, out.forwards * len(batch))
-    self.metrics.batch_rows.observe(len(batch))
     with self.cond:
       self.running = 0
       self.metrics.running.set(0)
