@@ -27,9 +27,10 @@ from cardjax.serve.text import TextStream
 DISCONNECT_POLL_S = 0.5
 
 
-def create_app(engine: Engine, tau: TauControl | None = None) -> FastAPI:
+def create_app(engine: Engine, tau: TauControl | None = None,
+               admit_wait: float = 0.1) -> FastAPI:
   metrics = Metrics()
-  scheduler = Scheduler(engine, metrics, tau or TauControl(engine.tau))
+  scheduler = Scheduler(engine, metrics, tau or TauControl(engine.tau), admit_wait)
 
   @contextlib.asynccontextmanager
   async def lifespan(app):

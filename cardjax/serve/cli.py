@@ -75,6 +75,11 @@ def add_arguments(p) -> None:
                  help="AR and MARS: keep the KV of prompt prefixes that requests share (the "
                       "chat template's system turn from the start; others learned in "
                       "multiples of this many tokens) and prefill only what follows; 0: off")
+  p.add_argument("--admit-wait", type=float, default=0.1,
+                 help="AR and MARS: when a step frees rows while others decode on, wait up "
+                      "to this fraction of the step's time for new requests to fill them "
+                      "before the next step (a client that got its answer often sends the "
+                      "next at once); 0: never wait")
   p.add_argument("--width-bucket", type=int, default=32,
                  help="prompts are left-padded to a multiple of this (compiled widths)")
   p.add_argument("--warmup-width", type=int, default=0,
@@ -97,6 +102,7 @@ def run_serve(args) -> None:
   from cardjax.parallel import make_mesh
   from cardjax.serve.app import create_app
   from cardjax.serve.engine import Engine
+  from cardjax.serve.scheduler import check_admit_wait
   from cardjax.serve.tau import TauControl
 
   if not is_loopback(args.host):
@@ -105,6 +111,7 @@ def run_serve(args) -> None:
                          "authentication: pass --allow-remote as well to bind it")
     print(f"cardjax serve: warning: listening on {args.host}: anyone who reaches port "
           f"{args.port} can use this server (no authentication)", file=sys.stderr)
+  check_admit_wait(args.admit_wait)  # before the model loads
   sizes = parse_sizes(args.batch_sizes)
   tau = TauControl(args.tau, args.target_latency_ms, args.tau_min, args.tau_max)
   mesh = make_mesh(1, -1, 1) if jax.device_count() > 1 else None
@@ -119,7 +126,7 @@ def run_serve(args) -> None:
     shapes = engine.warmup(args.warmup_width, log=lambda line: print(line, file=sys.stderr))
     print(f"cardjax serve: warm-up compiled {shapes} shapes in "
           f"{time.perf_counter() - start:.0f}s", file=sys.stderr)
-  app = create_app(engine, tau)
+  app = create_app(engine, tau, args.admit_wait)
   d = engine.default
   print(f"cardjax serve: model {engine.name!r} (objective {engine.objective or 'unknown'}), "
         f"method {d.method}" + (f" B={d.block}" if d.method != "ar" else "") +

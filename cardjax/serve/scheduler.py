@@ -29,6 +29,7 @@ import time
 import traceback
 from typing import Callable
 
+from cardjax.errors import CardjaxError
 from cardjax.serve.engine import Engine, Settings
 from cardjax.serve.metrics import Metrics
 from cardjax.serve.tau import TauControl
@@ -63,9 +64,18 @@ class Job:
     return s.group() + ((s.seed, self.id) if s.seed is not None else ())
 
 
+def check_admit_wait(value: float) -> float:
+  if not value >= 0:
+    raise CardjaxError(f"--admit-wait={value} must be >= 0 (a fraction of a step's time; 0: "
+                       "never wait)")
+  return value
+
+
 class Scheduler:
-  def __init__(self, engine: Engine, metrics: Metrics, tau: TauControl):
+  def __init__(self, engine: Engine, metrics: Metrics, tau: TauControl,
+               admit_wait: float = 0.1):
     self.engine, self.metrics, self.tau = engine, metrics, tau
+    self.admit_wait = check_admit_wait(admit_wait)
     self.max_batch = max(engine.batch_sizes)
     self.pool: list[Job] = []
     self.cond = threading.Condition()
@@ -169,12 +179,13 @@ class Scheduler:
     for job, tau in zip(admits, taus):
       job.admitted, job.row_tau = True, tau if s.method == "mars" else None
     seed = next(self._seeds)  # continuous requests carry no seed of their own
+    started = time.monotonic()
     new, ended, forwards = pool.step(self.engine.chunk, s.temperature, s.top_p, seed)
     now = time.monotonic()
     stop_ids = set() if s.ignore_eos else set(self.engine.tokenizer.stop_ids)
     # Before any delivery: a client that reads /metrics after its answer sees this step.
     self.metrics.batch_rows.observe(sum(job.id in new for job in jobs))
-    made = 0
+    made = freed = 0
     for job in jobs:
       if job.id not in new:
         continue
@@ -182,6 +193,7 @@ class Scheduler:
         with self.cond:
           self.pool.remove(job)
         self.engine.release(s, job.id)
+        freed += 1
         self.metrics.requests.labels("cancelled").inc()
         continue
       made += len(new[job.id])
@@ -189,11 +201,30 @@ class Scheduler:
       if self._deliver(job, new[job.id], forwards[job.id], job.row_tau, now, stop_ids,
                        forced):
         self.engine.release(s, job.id)
+        freed += 1
     self.metrics.generated(made, sum(forwards.values()))
     with self.cond:
       self.running = 0
       self.metrics.running.set(0)
       self.metrics.queue.set(len(self.pool))
+    if freed and pool.live_rows():
+      self._await_arrivals(jobs[0], freed, self.admit_wait * (now - started))
+
+  def _await_arrivals(self, like: Job, want: int, seconds: float) -> None:
+    """Wait up to `seconds` for `want` new requests of `like`'s group to queue. A client
+    that got its answer usually sends its next request within milliseconds, but the next
+    step (`chunk` forwards for the rows still decoding) would start before it arrives and
+    leave its row empty for a whole step; waiting a small fraction of a step fills it."""
+    key = self._group(like)
+    deadline = time.monotonic() + seconds
+    with self.cond:
+      while not self.stopping:
+        queued = sum(not j.admitted and not j.cancelled and self._group(j) == key
+                     for j in self.pool)
+        left = deadline - time.monotonic()
+        if queued >= want or left <= 0:
+          return
+        self.cond.wait(left)
 
   def _chunk(self, batch: list[Job], waiting: int) -> None:
     s = batch[0].settings
