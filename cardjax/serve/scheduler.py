@@ -2,12 +2,14 @@
 
 Every unfinished request sits in one list. Each round the thread takes the oldest
 request's settings group. For AR and MARS (engine.continuous) the group's SlotPool admits
-its waiting requests into free rows (one prefill forward per prompt width) and runs one step of up to `chunk`
-forwards for all its rows; a row keeps its KV cache from step to step, so it is prefilled
-once, and a request that ends (stop token, stop string, max_tokens, context, or a client
-that went away) frees its row for the next admit. Requests keep their own tau inside a
-pool; other settings (temperature, top_p, block, rule) form other groups with other pools
-or steps.
+its waiting requests into free rows (one prefill forward per prompt width) and runs one
+step of up to `chunk` forwards for all its rows; a row keeps its KV cache from step to
+step, so it is prefilled once, and a request that ends (stop token, stop string,
+max_tokens, context, or a client that went away) frees its row for the next admit. A step
+that freed rows while others decode on is followed by a short wait (`admit_wait` of the
+step's time) for new requests to fill them, since closed-loop clients come straight back.
+Requests keep their own tau inside a pool; other settings (temperature, top_p, block,
+rule) form other groups with other pools or steps.
 
 Other methods decode in chunks: between decode chunks (engine.py: at most `chunk` new
 tokens per row per call) the thread takes the oldest requests of the group, up to the
