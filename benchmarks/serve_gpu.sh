@@ -11,8 +11,9 @@
 # smollm2`) and .whl/ (`make bench-pack`: the serving stack's wheels for Python 3.12).
 # Sets up like attention_gpu.sh (benchmarks/device_setup.sh), writes the random-init
 # checkpoint with `cardjax init`, then runs benchmarks/serve.py: AR, continuous batching,
-# 1, 4, 16, 64 clients, the defaults against --prefix-page 0 (the issue's target: 16
-# clients >= 4x one client). The table and results.json go to OUT; the run stops itself
+# 1, 4, 16, 64 clients, the defaults against --prefix-page 0 and --admit-wait 0 (the
+# issue's target: 16 clients >= 4x one client; `--variants '|--prefix-page 0'` after OUT
+# runs fewer servers). The table and results.json go to OUT; the run stops itself
 # within ~9 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +30,6 @@ run=${CARDJAX_SERVE_RUN:-/tmp/cardjax-serve-init}
   --workdir "$run" --config.data.tokenizer="$tokenizer" || exit 1
 timeout -k 10 500 python3 benchmarks/serve.py --checkpoint "$run" --methods ar \
   --levels 1,4,16,64 --requests 4 --max-tokens 32 --batch-sizes 1,4,16,64 --chunk 16 \
-  --warmup-width 64 --slots 256 --warm-levels --variants "|--prefix-page 0" --out "$out" \
+  --warmup-width 64 --slots 256 --warm-levels --variants "|--prefix-page 0|--admit-wait 0" --out "$out" \
   "$@" 2>&1 | tee "$out/serve.log"
 exit "${PIPESTATUS[0]}"
