@@ -46,13 +46,25 @@ def commit() -> str:
   return head + ("+dirty" if dirty else "")
 
 
+def usable_cores() -> int:
+  """The cores this process may run on (its affinity mask), which can be fewer than the
+  machine's: a job pinned to one core."""
+  if hasattr(os, "sched_getaffinity"):
+    return len(os.sched_getaffinity(0))
+  return os.cpu_count() or 1
+
+
 def describe() -> dict:
-  """CPU model and flags, cores, accelerator, jax version, commit and UTC date."""
+  """CPU model and flags, cores (all, and the ones this process may use), XLA_FLAGS,
+  accelerator, jax version, commit and UTC date. XLA:CPU's float results depend on the
+  usable cores even with one thread (a training seed pinned to one core and the same seed
+  unpinned part at step 20: docs/decoding.md), so a run records both."""
   import jax
 
   name, flags = cpu_model()
   device = jax.devices()[0]
   return {"cpu": name, "cpu_flags": flags, "cores": os.cpu_count(),
+          "usable_cores": usable_cores(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
           "device": f"{device.platform}:{device.device_kind}", "jax": jax.__version__,
           "python": platform.python_version(), "commit": commit(),
           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
@@ -62,5 +74,7 @@ def line(info: dict | None = None) -> str:
   """One line for a table caption."""
   info = info or describe()
   flags = "/".join(info["cpu_flags"]) or "no AVX2"
-  return (f"{info['cpu']} ({flags}), {info['cores']} cores, {info['device']}, jax "
+  usable = info.get("usable_cores", info["cores"])
+  cores = f"{info['cores']} cores" + (f" ({usable} usable)" if usable != info["cores"] else "")
+  return (f"{info['cpu']} ({flags}), {cores}, {info['device']}, jax "
           f"{info['jax']}, commit {info['commit']}, {info['date']}")
