@@ -58,7 +58,7 @@ def describe() -> dict:
   """CPU model and flags, cores (all, and the ones this process may use), XLA_FLAGS,
   accelerator, jax version, commit and UTC date. XLA:CPU's float results depend on the
   usable cores even with one thread (a training seed pinned to one core and the same seed
-  unpinned part at step 20: docs/decoding.md), so a run records both."""
+  unpinned part at step 20: docs/reproducibility.md), so a run records both."""
   import jax
 
   name, flags = cpu_model()
