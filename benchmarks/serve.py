@@ -48,6 +48,8 @@ from pathlib import Path
 
 import portpicker
 
+from cardjax.serve.metrics import scrape
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RUN = ROOT / "runs/bench_decode/runs/sft"
 
@@ -138,14 +140,9 @@ def level(url: str, model: str, clients: int, requests: int, max_tokens: int,
 def batch_rows(url: str) -> tuple[float, float]:
   """The server's cardjax_batch_rows histogram so far: (sum, count), the requests its decode
   calls held and the calls."""
-  with urllib.request.urlopen(url + "/metrics") as r:
-    text = r.read().decode()
-  found = {}
-  for line in text.splitlines():
-    name, _, value = line.partition(" ")
-    if name in ("cardjax_batch_rows_sum", "cardjax_batch_rows_count"):
-      found[name] = float(value)
-  return found.get("cardjax_batch_rows_sum", 0.0), found.get("cardjax_batch_rows_count", 0.0)
+  samples = scrape(url)
+  return (samples.get("cardjax_batch_rows_sum", 0.0),
+          samples.get("cardjax_batch_rows_count", 0.0))
 
 
 def model_name(url: str) -> str:

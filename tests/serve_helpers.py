@@ -16,6 +16,7 @@ from cardjax import checkpoint
 from cardjax.config import base_config
 from cardjax.data.tokenizer import train_bpe
 from cardjax.model import ModelConfig, create_model
+from cardjax.serve.metrics import scrape
 
 TEXTS = ["alpha beta gamma delta epsilon", "one two three four five six"] * 20
 
@@ -81,8 +82,4 @@ def start_server(run, *args: str, timeout: float = 180.0):
 
 def metric(url: str, name: str) -> float:
   """A sample's value from /metrics (name with its labels, as Prometheus prints it)."""
-  with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
-    for line in r.read().decode().splitlines():
-      if line.startswith(name + " "):
-        return float(line.split()[-1])
-  return 0.0
+  return scrape(url).get(name, 0.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+import urllib.request
 
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
                                generate_latest)
@@ -68,3 +69,17 @@ class Metrics:
     with self._lock:
       self._rate(time.monotonic())  # decays to 0 when idle
     return generate_latest(self.registry)
+
+
+def scrape(url: str, timeout: float = 5.0) -> dict[str, float]:
+  """Every sample a running server's /metrics shows, by its name with labels as Prometheus
+  prints them (`cardjax_requests_total{status="ok"}`): what clients (the load test, the
+  tests) read back."""
+  with urllib.request.urlopen(url + "/metrics", timeout=timeout) as r:
+    text = r.read().decode()
+  samples = {}
+  for line in text.splitlines():
+    if line and not line.startswith("#"):
+      name, _, value = line.rpartition(" ")
+      samples[name] = float(value)
+  return samples
