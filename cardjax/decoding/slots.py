@@ -54,12 +54,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cardjax.decoding import slot_programs as programs
 from cardjax.decoding.frozen import freeze
 from cardjax.decoding.mars import check_args
 from cardjax.decoding.prefixes import PAGE, PrefixStore
-from cardjax.decoding import slot_programs as programs
-from cardjax.decoding.slot_programs import Rows
 from cardjax.decoding.prompts import BUCKET, left_pad
+from cardjax.decoding.slot_programs import Rows
 from cardjax.errors import CardjaxError
 from cardjax.model.cache import KVCache
 
