@@ -142,19 +142,53 @@ def prepare_data(data_dir: Path, names) -> None:
                         [f"--config.data.data_dir={data_dir}"]))
 
 
-def train_in_jobs(jobs: int, seeds: list[int], argv: list[str]) -> None:
-  """Train the seeds in `jobs` processes at once, each `decode.py --train-only` for its
-  share of the seeds (round robin) with one XLA CPU thread, pinned to its own core where
-  the OS allows. The models are small: one forward does not keep 2 cores busy, and two
-  single-thread trainings on 2 cores finish in ~0.7x the time of one after the other."""
+def training_units(names, seeds: list[int]) -> list[tuple[int, list[str]]]:
+  """The runs to train as (seed, names) units, each trained by one job in order: a seed's
+  sft and mars together (mars starts from that sft), every other model on its own."""
+  units = []
+  for seed in seeds:
+    arith = [n for n in ("sft", "mars") if n in names]
+    units += [(seed, arith)] if arith else []
+    units += [(seed, [n]) for n in names if n not in ("sft", "mars")]
+  return units
+
+
+def share_units(units: list[tuple[int, list[str]]], cost, jobs: int) -> list[list]:
+  """Units dealt to `jobs` jobs so their total costs come out even: the costliest unit
+  first, each to the job with the least so far (unit -> cost: training steps left)."""
+  shares, load = [[] for _ in range(jobs)], [0] * jobs
+  for unit in sorted(units, key=cost, reverse=True):
+    j = load.index(min(load))
+    shares[j].append(unit)
+    load[j] += cost(unit)
+  return [s for s in shares if s]
+
+
+def steps_left(workdir: Path, data_dir: Path, scale: float, unit) -> int:
+  """Training steps a unit still needs: 0 for runs whose final checkpoint is saved."""
+  seed, names = unit
+  left = 0
+  for name in names:
+    config = load_config(f"configs/decode_bench.py:{name}", [f"--config.data.data_dir={data_dir}"])
+    steps = max(10, int(config.train.steps * scale)) if scale != 1.0 else config.train.steps
+    if not (run_dir(workdir, name, seed) / "checkpoints" / str(steps)).is_dir():
+      left += steps
+  return left
+
+
+def train_in_jobs(shares: list[list], argv: list[str]) -> None:
+  """Train each share of units (share_units) in its own process, all at once, each `decode.py --train-units ...` with one XLA CPU thread, pinned
+  to its own core where the OS allows. The models are small: one forward does not keep 2
+  cores busy, and two single-thread trainings on 2 cores finish in ~0.7x the time of one
+  after the other. The pinning is part of the result: XLA:CPU rounds differently under
+  another core mask (docs/reproducibility.md)."""
   import os
   import subprocess
-  import sys
 
   cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-  skip = {"--train-jobs", "--seeds"}
+  skip = {"--train-jobs", "--seeds", "--train-units"}
   rest, i = [], 0
-  while i < len(argv):  # the parent's flags less the two this splits
+  while i < len(argv):  # the parent's flags less those this splits
     flag = argv[i].split("=")[0]
     if flag in skip:
       i += 1 if "=" in argv[i] else 2
@@ -164,18 +198,28 @@ def train_in_jobs(jobs: int, seeds: list[int], argv: list[str]) -> None:
   env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " "
              "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip())
   procs = []
-  for j in range(jobs):
-    share = seeds[j::jobs]
-    if not share:
-      continue
-    cmd = [sys.executable, __file__, *rest, "--train-only",
-           "--seeds", ",".join(map(str, share))]
+  for j, share in enumerate(shares):
+    spec = ",".join(f"{seed}:{'+'.join(names)}" for seed, names in share)
+    cmd = [sys.executable, __file__, *rest, "--train-units", spec]
     pin = (lambda c=cores[j % len(cores)]: os.sched_setaffinity(0, {c})) if cores else None
-    print(f"== train job {j}: seeds {share}", flush=True)
+    print(f"== train job {j}: {spec}", flush=True)
     procs.append(subprocess.Popen(cmd, env=env, preexec_fn=pin))
   failed = [p.args for p in procs if p.wait() != 0]
   if failed:
     raise SystemExit(f"a training job failed: {failed[0]}")
+
+
+def parse_units(spec: str) -> list[tuple[int, list[str]]]:
+  """'0:sft+mars,1:ar' -> [(0, ['sft', 'mars']), (1, ['ar'])] (what train_in_jobs passes)."""
+  units = []
+  for item in spec.split(","):
+    seed, _, names = item.partition(":")
+    bad = [n for n in names.split("+") if n not in MODELS]
+    if not seed.isdigit() or not names or bad:
+      raise SystemExit(f"--train-units {spec!r}: items look like 0:sft+mars or 1:ar "
+                       f"(models: {', '.join(MODELS)})")
+    units.append((int(seed), names.split("+")))
+  return units
 
 
 def main() -> None:
@@ -206,6 +250,7 @@ def main() -> None:
                       help="timings per row: tokens/s is their median, with their range")
   parser.add_argument("--min-seconds", type=float, default=1.0,
                       help="a timing repeats the prompt set until it lasts this long")
+  parser.add_argument("--train-units", default="", help=argparse.SUPPRESS)  # a --train-jobs job
   parser.add_argument("--seeds", default="0,1,2",
                       help="training seeds: every quality figure is their mean and range; "
                            "the first seed's models are also timed at every batch size")
@@ -224,9 +269,17 @@ def main() -> None:
   if not arith and not code_models:
     raise SystemExit("--tasks=code with --code-models '' leaves nothing to run")
   names = (["sft", "mars"] if arith else []) + (["ar"] + code_models if code_models else [])
+  if args.train_units:
+    for seed, unit in parse_units(args.train_units):
+      train_models(workdir, workdir / "data", scale, unit, seed)
+    return
   if args.train_jobs > 1 and not args.no_train:
     prepare_data(workdir / "data", names)  # once, here: the jobs would race to build it
-    train_in_jobs(args.train_jobs, seeds, sys.argv[1:])
+    pending = [u for u in training_units(names, seeds)
+               if steps_left(workdir, workdir / "data", scale, u)]
+    shares = share_units(pending, lambda u: steps_left(workdir, workdir / "data", scale, u),
+                         args.train_jobs)
+    train_in_jobs(shares, sys.argv[1:])
   info = machine.describe()
   print(f"== decode benchmark: {machine.line(info)}")
   runs = {}
