@@ -19,7 +19,8 @@ once per '|'-separated set of extra `cardjax serve` flags (the empty set: the de
 labelled with them: the A/B of a server option in one run, e.g. the shared-prefix cache
 (`--prefix-page 0` turns it off) and batched admission (`--prefill-rows 1`: one prefill
 forward per request).
-Per level: generated tokens/s and requests/s over the level's wall time, p50
+Per level: generated tokens/s and requests/s over the level's wall time, tokens/s in its
+steady window (while every client had a request out: no ramp at the level's ends), p50
 and p99 request latency, the mean tokens per forward the server reported, and the mean
 requests per decode step (the server's cardjax_batch_rows histogram over the level): how
 full the batch was, which with a step's cost bounds the throughput. The table and
@@ -111,14 +112,19 @@ def level(url: str, model: str, clients: int, requests: int, max_tokens: int,
   rng = random.Random(seed)
   questions = [f"What is {rng.randint(1, 999)} + {rng.randint(1, 999)}?"
                for _ in range(clients * requests)]
-  latencies, usages, lock = [], [], threading.Lock()
+  latencies, usages, spans, lock = [], [], [], threading.Lock()
+  firsts, lasts = [0.0] * clients, [0.0] * clients
 
   def client(k: int):
-    for q in questions[k * requests:(k + 1) * requests]:
+    for i, q in enumerate(questions[k * requests:(k + 1) * requests]):
+      sent = time.perf_counter()
+      firsts[k] = firsts[k] if i else sent
       seconds, usage = ask(url, model, q, max_tokens)
+      lasts[k] = sent + seconds
       with lock:
         latencies.append(seconds)
         usages.append(usage)
+        spans.append((sent, sent + seconds, usage["completion_tokens"]))
   threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
   start = time.perf_counter()
   for t in threads:
@@ -128,13 +134,28 @@ def level(url: str, model: str, clients: int, requests: int, max_tokens: int,
   wall = time.perf_counter() - start
   tokens = sum(u["completion_tokens"] for u in usages)
   latencies.sort()
+  steady = steady_rate(spans, max(firsts), min(lasts))
   return {"clients": clients, "requests": len(latencies), "tokens": tokens,
           "wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall, 1),
+          "steady_tokens_per_s": steady and round(steady, 1),
           "requests_per_s": round(len(latencies) / wall, 2),
           "p50_s": round(statistics.median(latencies), 3),
           "p99_s": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 3),
           "tokens_per_forward": round(statistics.mean(u["tokens_per_forward"]
                                                       for u in usages), 3)}
+
+
+def steady_rate(spans, begin: float, end: float) -> float | None:
+  """Tokens/s while every client had a request out: from the last client's first send to
+  the first client's last answer. A level's own rate also counts its ramp (clients whose
+  last answer came leave their rows empty), which a server under steady load does not
+  have. Each request's tokens are spread evenly over its lifetime (send to answer), and
+  the share inside the window counts. None when the window is empty (one request a client)."""
+  if end <= begin:
+    return None
+  inside = sum(tokens * max(0.0, min(done, end) - max(sent, begin)) / (done - sent)
+               for sent, done, tokens in spans if done > sent)
+  return inside / (end - begin)
 
 
 def batch_rows(url: str) -> tuple[float, float]:
@@ -224,13 +245,15 @@ def main() -> None:
         f"chunk {args.chunk}, continuous: {args.slots} slots a row, spans from "
         f"{args.span_min}\nmachine: {machine.line(info)}\n")
   print("| method | clients | tokens/s | requests/s | p50 latency s | p99 latency s | "
-        "tokens/forward | rows per step | x 1 client |")
-  print("|---|---|---|---|---|---|---|---|---|")
+        "tokens/forward | rows per step | x 1 client | steady tokens/s | steady x 1 client |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|")
   for r in results:
-    base = next(b for b in results if b["method"] == r["method"])["tokens_per_s"]
+    first = next(b for b in results if b["method"] == r["method"])
+    steady, base = r.get("steady_tokens_per_s"), first.get("steady_tokens_per_s")
     print(f"| {r['method']} | {r['clients']} | {r['tokens_per_s']} | {r['requests_per_s']} | "
           f"{r['p50_s']} | {r['p99_s']} | {r['tokens_per_forward']} | "
-          f"{r.get('rows_per_step')} | {r['tokens_per_s'] / base:.1f} |")
+          f"{r.get('rows_per_step')} | {r['tokens_per_s'] / first['tokens_per_s']:.1f} | "
+          f"{steady or '-'} | {f'{steady / base:.1f}' if steady and base else '-'} |")
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   (out / "results.json").write_text(json.dumps(

@@ -1,0 +1,33 @@
+"""benchmarks/serve.py: the steady-window rate counts only the time every client was busy."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def serve_bench():
+  spec = importlib.util.spec_from_file_location("bench_serve", ROOT / "benchmarks/serve.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_steady_rate_spreads_tokens_over_each_request(serve_bench):
+  # Client A: 0-2 s and 2-4 s; client B starts at 1 s: 1-3 s, then stops. Window: 1-3 s.
+  spans = [(0.0, 2.0, 32), (2.0, 4.0, 32), (1.0, 3.0, 32)]
+  # Inside [1, 3]: half of A's first (16), half of A's second (16), all of B's (32).
+  assert serve_bench.steady_rate(spans, 1.0, 3.0) == pytest.approx(64 / 2.0)
+
+
+def test_steady_rate_of_one_client_is_its_whole_rate(serve_bench):
+  spans = [(0.0, 1.0, 10), (1.0, 3.0, 10)]
+  assert serve_bench.steady_rate(spans, 0.0, 3.0) == pytest.approx(20 / 3.0)
+
+
+def test_no_window_no_rate(serve_bench):
+  # One request a client: the first client's last answer comes before another's first send.
+  assert serve_bench.steady_rate([(0.0, 1.0, 8), (1.5, 2.0, 8)], 1.5, 1.0) is None
