@@ -73,12 +73,28 @@ def train_models(workdir: Path, data_dir: Path, scale: float, names=MODELS,
     prepare(config)
     start = time.time()
     runs[name] = run_dir(workdir, name, seed)
+    check_recipe(runs[name], config.train.steps)
     out = train(config, runs[name])
     loss = out["train"].get("loss")  # none when the run had already finished
     print(f"   {name} (seed {seed}): {config.train.steps} steps, "
           + (f"loss {loss:.3f} ({time.time() - start:.0f}s)" if loss is not None
              else "trained before"), flush=True)
   return runs
+
+
+def check_recipe(run: Path, steps: int) -> None:
+  """Stop before a run trained for another number of steps is resumed under this one's: its
+  learning-rate schedule would be two schedules spliced (configs/decode_bench.py changed)."""
+  from cardjax import checkpoint
+
+  root = run / "checkpoints"
+  if not root.is_dir() or checkpoint.latest_step(root) is None:
+    return
+  saved = checkpoint.read_run_config(root)
+  if saved is not None and saved.train.steps != steps:
+    raise SystemExit(f"{run} was trained for {saved.train.steps} steps; configs/"
+                     f"decode_bench.py now trains {steps}. Use a new --workdir (or delete the "
+                     "run) so it trains from the start with one schedule")
 
 
 def plot(rows: list[dict], path: Path) -> None:

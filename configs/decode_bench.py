@@ -16,7 +16,10 @@ from cardjax.config import load_config
 
 BASES = {"sft": "tiny_sft", "mars": "tiny_mars", "ar": "tiny_ar", "card": "tiny_card",
          "card_half": "tiny_card", "mdlm": "tiny_mdlm"}
-STEPS = {"sft": 4000, "mars": 1000, "ar": 800, "card": 800, "card_half": 800, "mdlm": 2000}
+STEPS = {"sft": 4000, "mars": 1000, "ar": 2400, "card": 2400, "card_half": 2400, "mdlm": 2000}
+# Checkpoints kept along the way, so benchmarks/code_spread.py can show whether a code recipe
+# has settled (the newest 3 are kept).
+CHECKPOINTS = {"ar": 800, "card": 800, "card_half": 800}
 
 
 def get_config(name: str = "sft"):
@@ -31,7 +34,7 @@ def get_config(name: str = "sft"):
   c.train.steps = STEPS[name]
   c.train.warmup_steps = 50
   c.train.eval_every = 0
-  c.train.checkpoint_every = STEPS[name]
+  c.train.checkpoint_every = CHECKPOINTS.get(name, STEPS[name])
   if name == "mars":
     c.train.lr = 1e-3  # fine-tuning the SFT model: a gentler rate than from scratch
   if name == "card_half":
