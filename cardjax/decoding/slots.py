@@ -70,6 +70,23 @@ METHODS = ("ar", "mars")
 PREFILL_ROWS = 16
 
 
+def check_pool_options(span_min: int, prefill_rows: int, prefix_page: int,
+                       flags: bool = False) -> None:
+  """The pool's option checks, shared with `cardjax serve`, which runs them before the model
+  loads and names its flags (flags=True: --span-min, not span_min)."""
+  def name(option: str) -> str:
+    return "--" + option.replace("_", "-") if flags else option
+
+  if span_min < 0:
+    raise CardjaxError(f"{name('span_min')}={span_min} must be >= 0 (0: every step reads all "
+                       "slots)")
+  if prefill_rows < 1:
+    raise CardjaxError(f"{name('prefill_rows')}={prefill_rows} must be >= 1 (1: one prefill "
+                       "forward per prompt)")
+  if prefix_page < 0:
+    raise CardjaxError(f"{name('prefix_page')}={prefix_page} must be >= 0 (0: no prefix cache)")
+
+
 class SlotPool:
   """A KV cache of rows that persist across decode calls (see the module docstring)."""
 
@@ -90,14 +107,10 @@ class SlotPool:
     if slots > cfg.max_position_embeddings + self.window:
       slots = cfg.max_position_embeddings + self.window
     self.slots = slots
-    if span_min < 0:
-      raise CardjaxError(f"span_min={span_min} must be >= 0 (0: every step reads all slots)")
+    check_pool_options(span_min, prefill_rows, prefix_page)
     self.spans = [slots]  # span buckets, doubling from span_min up to slots
     while span_min and self.spans[0] // 2 >= span_min:
       self.spans.insert(0, self.spans[0] // 2)
-    if prefill_rows < 1:
-      raise CardjaxError(f"prefill_rows={prefill_rows} must be >= 1 (1: one prefill forward "
-                         "per prompt)")
     self.batch_sizes = tuple(sorted(set(batch_sizes)))
     self.stop_ids = np.asarray(list(stop_ids) or [-1], np.int32)
     self.pad_id, self.bucket = pad_id, bucket or BUCKET

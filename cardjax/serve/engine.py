@@ -59,10 +59,17 @@ class Engine:
                method: str = "ar", tau: float = 0.95, block: int = 0, verify: bool = False,
                rule: str = "prob", chunk: int = 16, batch_sizes=(1, 4, 16),
                width_bucket: int = 32, max_tokens: int = 64, mesh=None, slots: int = 512,
-               span_min: int = 64, prefill_rows: int = 16, prefix_page: int = 16):
+               span_min: int = 64, prefill_rows: int | None = None,
+               prefix_page: int | None = None):
     from cardjax.decoding import prompts
     from cardjax.decoding.cli import resolve_block
     from cardjax.decoding.frozen import freeze
+    from cardjax.decoding.prefixes import PAGE
+    from cardjax.decoding.slots import PREFILL_ROWS, check_pool_options
+
+    # None: the pool's own defaults (slots.PREFILL_ROWS, prefixes.PAGE).
+    prefill_rows = PREFILL_ROWS if prefill_rows is None else prefill_rows
+    prefix_page = PAGE if prefix_page is None else prefix_page
 
     if chunk < 1:
       raise CardjaxError(f"--chunk={chunk} must be >= 1 (new tokens per row per decode call)")
@@ -74,13 +81,7 @@ class Engine:
       raise CardjaxError(f"--width-bucket={width_bucket} must be >= 1")
     if slots < 0:
       raise CardjaxError(f"--slots={slots} must be >= 0 (0: chunked decoding only)")
-    if span_min < 0:
-      raise CardjaxError(f"--span-min={span_min} must be >= 0 (0: every step reads all slots)")
-    if prefill_rows < 1:
-      raise CardjaxError(f"--prefill-rows={prefill_rows} must be >= 1 (1: one prefill "
-                         "forward per request)")
-    if prefix_page < 0:
-      raise CardjaxError(f"--prefix-page={prefix_page} must be >= 0 (0: no prefix cache)")
+    check_pool_options(span_min, prefill_rows, prefix_page, flags=True)
     self.slots, self.span_min, self.prefill_rows = slots, span_min, prefill_rows
     self.prefix_page, self._prefixes = prefix_page, None
     self.pools: dict = {}
