@@ -8,10 +8,11 @@ trained under WORKDIR/runs (seed 0 in runs/NAME, seed S in runs/seedS/NAME; the 
 of configs/decode_bench.py keep one every 800 steps). Per checkpoint:
 - judge NLL: the greedy AR continuation (64 tokens) of the code prompts in
   WORKDIR/inputs.json, scored by the same seed's AR model (its newest checkpoint). This is
-  the quality the code table prints for "NAME, AR + KV cache";
+  the quality the code table prints for "NAME, AR + KV cache" (for mdlm, which has no AR
+  order: its DUS row, blocks of 8);
 - held-out NLL: the checkpoint's own AR-order NLL on the first --batches batches of the
-  validation split (what `cardjax eval --task nll` prints): how far training got, without
-  the jumps of greedy text.
+  validation split (what `cardjax eval --task nll` prints; for mdlm its own diffusion loss,
+  a bound on the NLL): how far training got, without the jumps of greedy text.
 A recipe whose seeds disagree by nats, or whose last checkpoints still move, is not a result:
 another processor's rounding is, to such a recipe, another seed. `--extra LABEL=RUN@SEED`
 adds a run trained elsewhere (e.g. the same seed under another core mask) as a further
@@ -22,6 +23,7 @@ WORKDIR/code_spread.json with the machine.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -31,7 +33,7 @@ from cardjax.decoding.methods import Options, make_decoder
 from cardjax.eval import measure, nll
 from cardjax.restore import LoadedRun, load_run
 
-NEW_TOKENS = 64  # as the code table (benchmarks/decode.py)
+NEW_TOKENS, BLOCK = 64, 8  # as the code table (benchmarks/decode.py)
 
 
 def run_dir(workdir: Path, name: str, seed: int) -> Path:
@@ -49,12 +51,15 @@ def grade(run: Path, step: int, judge: LoadedRun, prompts, data_dir: str, batche
   latest = load_run(run)  # its config, tokenizer and objective
   model, _ = checkpoint.restore_model(run / "checkpoints", step=step)
   loaded = LoadedRun(model, latest.config, latest.tokenizer, latest.objective, step, latest.root)
-  opt = Options(max_new_tokens=NEW_TOKENS, pad_id=loaded.tokenizer.pad_id)
-  got = measure.timed(make_decoder("ar", loaded.frozen, loaded.objective, opt), prompts, batch)
+  opt = Options(max_new_tokens=NEW_TOKENS, pad_id=loaded.tokenizer.pad_id, block=BLOCK)
+  method = "ar"
+  if loaded.objective == "mdlm":  # bidirectional: no AR order; the table's DUS row
+    method, opt = "dus", dataclasses.replace(opt, shift=bool(latest.config.objective.shift))
+  got = measure.timed(make_decoder(method, loaded.frozen, loaded.objective, opt), prompts, batch)
   config = nll.data_config(loaded, data_dir=data_dir)
   held = nll.evaluate_nll(loaded, config, nll.default_split(config), batches, progress=False)
   return {"judge_nll": measure.judge_nll(judge.model, prompts, got.rows),
-          "heldout_nll": held["ar_nll"]}
+          "heldout_nll": held["loss" if loaded.objective == "mdlm" else "ar_nll"]}
 
 
 def spread(values: list[float]) -> str:
