@@ -38,7 +38,7 @@ test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
 
 # The decoding benchmark: trains configs/decode_bench.py's models for 3 training seeds
-# (about 55 min a seed on 2 CPU cores), then prints the speed-quality table (quality: mean
+# (about 85 min a seed on 2 CPU cores), then prints the speed-quality table (quality: mean
 # and range over seeds) and writes runs/bench_decode/decode.png.
 bench-decode: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,bench]'
@@ -50,7 +50,7 @@ bench-check: $(STAMP)
 	$(BIN)/python benchmarks/check.py --workdir runs/bench_check
 
 # For a machine with an accelerator and no network (benchmarks/decode_offline.sh): the
-# trained runs and prompt sets of bench-decode (trained here if missing, about 55 min on
+# trained runs and prompt sets of bench-decode (trained here if missing, about 85 min a seed on
 # 2 CPU cores) in runs/bench_pack (~20 MB), and wheels of the packages such a box's Python
 # (3.12 here) usually lacks in .whl (~10 MB). Carry both.
 OFFLINE_PY ?= 3.12
