@@ -1,19 +1,13 @@
 """benchmarks/serve.py: the steady-window rate counts only the time every client was busy."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench_module import load
 
 
 @pytest.fixture(scope="module")
 def serve_bench():
-  spec = importlib.util.spec_from_file_location("bench_serve", ROOT / "benchmarks/serve.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load("serve")
 
 
 def test_steady_rate_spreads_tokens_over_each_request(serve_bench):

@@ -1,19 +1,13 @@
 """benchmarks/decode.py --train-jobs: the runs are dealt to jobs so their steps come out even."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench_module import load
 
 
 @pytest.fixture(scope="module")
 def bench():
-  spec = importlib.util.spec_from_file_location("bench_decode", ROOT / "benchmarks/decode.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load("decode")
 
 
 def test_units_keep_mars_with_its_sft(bench):
