@@ -23,8 +23,10 @@ Per level: generated tokens/s and requests/s over the level's wall time, tokens/
 steady window (while every client had a request out: no ramp at the level's ends), p50
 and p99 request latency, the mean tokens per forward the server reported, and the mean
 requests per decode step (the server's cardjax_batch_rows histogram over the level): how
-full the batch was, which with a step's cost bounds the throughput. The table and
-the machine go to stdout and --out/results.json.
+full the batch was, which with a step's cost bounds the throughput; and the share of the
+level's wall time the server's decode thread spent stepping, prefilling, in the admission
+wait and delivering (cardjax_decode_thread_seconds; the rest it waited for requests). The
+table and the machine go to stdout and --out/results.json.
 
 The default checkpoint is the decode benchmark's trained AR SFT model (configs/
 decode_bench.py:sft, 128 x 4 layers, runs/bench_decode/runs/sft); MARS is served from it
@@ -158,12 +160,21 @@ def steady_rate(spans, begin: float, end: float) -> float | None:
   return inside / (end - begin)
 
 
-def batch_rows(url: str) -> tuple[float, float]:
-  """The server's cardjax_batch_rows histogram so far: (sum, count), the requests its decode
-  calls held and the calls."""
-  samples = scrape(url)
-  return (samples.get("cardjax_batch_rows_sum", 0.0),
-          samples.get("cardjax_batch_rows_count", 0.0))
+PHASES = ("step", "prefill", "admit_wait", "deliver", "chunk")
+
+
+def server_use(before: dict, after: dict, wall: float) -> dict:
+  """From two /metrics scrapes around a level: the mean requests per decode call
+  (cardjax_batch_rows) and the share of the level's wall time the decode thread spent in
+  each phase (cardjax_decode_thread_seconds; the rest it waited for requests)."""
+  def delta(name: str) -> float:
+    return after.get(name, 0.0) - before.get(name, 0.0)
+
+  calls = delta("cardjax_batch_rows_count")
+  share = {phase: round(delta(f'cardjax_decode_thread_seconds_total{{phase="{phase}"}}')
+                        / wall, 3) for phase in PHASES}
+  return {"rows_per_step": round(delta("cardjax_batch_rows_sum") / calls, 1) if calls else None,
+          "thread_share": {k: v for k, v in share.items() if v}}
 
 
 def model_name(url: str) -> str:
@@ -229,11 +240,9 @@ def main() -> None:
       for c in levels:
         if args.warm_levels:  # each level's shapes (tiers, spans, gathers) once, unrecorded
           level(url, name, c, 1, args.max_tokens, seed=1000 + c)
-        before = batch_rows(url)
+        before = scrape(url)
         row = dict(method=method, **level(url, name, c, args.requests, args.max_tokens, c))
-        after = batch_rows(url)
-        calls = after[1] - before[1]
-        row["rows_per_step"] = round((after[0] - before[0]) / calls, 1) if calls else None
+        row.update(server_use(before, scrape(url), row["wall_s"]))
         print(json.dumps(row), flush=True)
         results.append(row)
     finally:
@@ -245,15 +254,18 @@ def main() -> None:
         f"chunk {args.chunk}, continuous: {args.slots} slots a row, spans from "
         f"{args.span_min}\nmachine: {machine.line(info)}\n")
   print("| method | clients | tokens/s | requests/s | p50 latency s | p99 latency s | "
-        "tokens/forward | rows per step | x 1 client | steady tokens/s | steady x 1 client |")
-  print("|---|---|---|---|---|---|---|---|---|---|---|")
+        "tokens/forward | rows per step | x 1 client | steady tokens/s | steady x 1 client | "
+        "decode thread: share of wall time |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|")
   for r in results:
     first = next(b for b in results if b["method"] == r["method"])
     steady, base = r.get("steady_tokens_per_s"), first.get("steady_tokens_per_s")
     print(f"| {r['method']} | {r['clients']} | {r['tokens_per_s']} | {r['requests_per_s']} | "
           f"{r['p50_s']} | {r['p99_s']} | {r['tokens_per_forward']} | "
           f"{r.get('rows_per_step')} | {r['tokens_per_s'] / first['tokens_per_s']:.1f} | "
-          f"{steady or '-'} | {f'{steady / base:.1f}' if steady and base else '-'} |")
+          f"{steady or '-'} | {f'{steady / base:.1f}' if steady and base else '-'} | "
+          + ", ".join(f"{k} {100 * v:.0f}%" for k, v in r.get("thread_share", {}).items())
+          + " |")
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   (out / "results.json").write_text(json.dumps(

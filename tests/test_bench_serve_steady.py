@@ -1,4 +1,5 @@
-"""benchmarks/serve.py: the steady-window rate counts only the time every client was busy."""
+"""benchmarks/serve.py: the steady-window rate counts only the time every client was busy;
+the server-use columns come from two /metrics scrapes."""
 
 import pytest
 
@@ -25,3 +26,15 @@ def test_steady_rate_of_one_client_is_its_whole_rate(serve_bench):
 def test_no_window_no_rate(serve_bench):
   # One request a client: the first client's last answer comes before another's first send.
   assert serve_bench.steady_rate([(0.0, 1.0, 8), (1.5, 2.0, 8)], 1.5, 1.0) is None
+
+
+def test_server_use_reads_rows_and_thread_shares(serve_bench):
+  before = {"cardjax_batch_rows_sum": 10.0, "cardjax_batch_rows_count": 5.0,
+            'cardjax_decode_thread_seconds_total{phase="step"}': 1.0}
+  after = {"cardjax_batch_rows_sum": 40.0, "cardjax_batch_rows_count": 7.0,
+           'cardjax_decode_thread_seconds_total{phase="step"}': 9.0,
+           'cardjax_decode_thread_seconds_total{phase="prefill"}': 1.0}
+  use = serve_bench.server_use(before, after, wall=10.0)
+  assert use == {"rows_per_step": 15.0, "thread_share": {"step": 0.8, "prefill": 0.1}}
+  assert serve_bench.server_use(after, after, 10.0) == {"rows_per_step": None,
+                                                        "thread_share": {}}

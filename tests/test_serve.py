@@ -161,6 +161,9 @@ def test_metrics_count_a_decode_call_before_its_answer_returns(client, server):
   client.completions.create(model="run", prompt=PROMPTS[0], max_tokens=4,
                             extra_body={"method": "ar"})
   assert metric(server[1], "cardjax_batch_rows_count") > calls
+  # ...and its decode thread's time by phase (what the load test divides by wall time).
+  assert metric(server[1], 'cardjax_decode_thread_seconds_total{phase="step"}') > 0
+  assert metric(server[1], 'cardjax_decode_thread_seconds_total{phase="prefill"}') > 0
 
 
 def _post(url, body: bytes):

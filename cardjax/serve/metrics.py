@@ -46,6 +46,13 @@ class Metrics:
                           buckets=BUCKETS, registry=r)
     self.latency = Histogram("cardjax_request_latency_seconds", "Arrival to last token",
                              buckets=BUCKETS, registry=r)
+    # Where the decode thread's time goes: with a level's wall time, what bounds throughput
+    # (a step's cost, the prefills, the admission wait, or idle waiting for requests).
+    self.thread_seconds = Counter("cardjax_decode_thread_seconds", "Decode thread time by "
+                                  "phase: prefill (admitting rows), step (decode forwards), "
+                                  "deliver (answers out), admit_wait (--admit-wait), chunk "
+                                  "(a chunked call: prefill and decode together)", ["phase"],
+                                  registry=r)
     self._recent: collections.deque = collections.deque()
     self._lock = threading.Lock()
 

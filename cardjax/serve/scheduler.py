@@ -173,6 +173,7 @@ class Scheduler:
         self.metrics.tau.set(self.tau.tau)
       taus.append(tau)
     # One prefill forward for all of them (per prompt width): see SlotPool.admit_many.
+    clock = time.monotonic()
     cached = pool.admit_many((job.id, job.prompt + job.tokens, tau,
                               job.max_tokens - len(job.tokens))
                              for job, tau in zip(admits, taus))
@@ -182,8 +183,10 @@ class Scheduler:
       job.admitted, job.row_tau = True, tau if s.method == "mars" else None
     seed = next(self._seeds)  # continuous requests carry no seed of their own
     started = time.monotonic()
+    self.metrics.thread_seconds.labels("prefill").inc(started - clock)
     new, ended, forwards = pool.step(self.engine.chunk, s.temperature, s.top_p, seed)
     now = time.monotonic()
+    self.metrics.thread_seconds.labels("step").inc(now - started)
     stop_ids = set() if s.ignore_eos else set(self.engine.tokenizer.stop_ids)
     # Before any delivery: a client that reads /metrics after its answer sees this step.
     self.metrics.batch_rows.observe(sum(job.id in new for job in jobs))
@@ -209,8 +212,11 @@ class Scheduler:
       self.running = 0
       self.metrics.running.set(0)
       self.metrics.queue.set(len(self.pool))
+    clock = time.monotonic()
+    self.metrics.thread_seconds.labels("deliver").inc(clock - now)
     if freed and pool.live_rows():
       self._await_arrivals(jobs[0], freed, self.admit_wait * (now - started))
+      self.metrics.thread_seconds.labels("admit_wait").inc(time.monotonic() - clock)
 
   def _await_arrivals(self, like: Job, want: int, seconds: float) -> None:
     """Wait up to `seconds` for `want` new requests of `like`'s group to queue. A client
@@ -238,9 +244,11 @@ class Scheduler:
       seed = (s.seed * 1_000_003 + len(batch[0].taus)) % 2**31
     else:
       seed = next(self._seeds)
+    started = time.monotonic()
     out = self.engine.decode(s, [j.prompt + j.tokens for j in batch], tau, seed)
     self.metrics.prefills.inc(len(batch))
     now = time.monotonic()
+    self.metrics.thread_seconds.labels("chunk").inc(now - started)
     stop_ids = set() if s.ignore_eos else set(self.engine.tokenizer.stop_ids)
     self.metrics.batch_rows.observe(len(batch))  # before delivery, as in _step
     made = 0
@@ -258,6 +266,7 @@ class Scheduler:
       self.running = 0
       self.metrics.running.set(0)
       self.metrics.queue.set(len(self.pool))
+    self.metrics.thread_seconds.labels("deliver").inc(time.monotonic() - now)
 
   def _deliver(self, job: Job, row: list[int], forwards: int, tau, now: float, stop_ids,
                forced: str | None = None) -> bool:
