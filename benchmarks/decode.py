@@ -185,7 +185,8 @@ def steps_left(workdir: Path, data_dir: Path, scale: float, unit) -> int:
   seed, names = unit
   left = 0
   for name in names:
-    config = load_config(f"configs/decode_bench.py:{name}", [f"--config.data.data_dir={data_dir}"])
+    config = load_config(f"configs/decode_bench.py:{name}",
+                         [f"--config.data.data_dir={data_dir}"])
     steps = max(10, int(config.train.steps * scale)) if scale != 1.0 else config.train.steps
     if not (run_dir(workdir, name, seed) / "checkpoints" / str(steps)).is_dir():
       left += steps
@@ -193,11 +194,12 @@ def steps_left(workdir: Path, data_dir: Path, scale: float, unit) -> int:
 
 
 def train_in_jobs(shares: list[list], argv: list[str]) -> None:
-  """Train each share of units (share_units) in its own process, all at once, each `decode.py --train-units ...` with one XLA CPU thread, pinned
-  to its own core where the OS allows. The models are small: one forward does not keep 2
-  cores busy, and two single-thread trainings on 2 cores finish in ~0.7x the time of one
-  after the other. The pinning is part of the result: XLA:CPU rounds differently under
-  another core mask (docs/reproducibility.md)."""
+  """Train each share of units (share_units) in its own process, all at once: `decode.py
+  --train-units ...` with one XLA CPU thread, pinned to its own core where the OS allows.
+  The models are small: one forward does not keep 2 cores busy, and two single-thread
+  trainings on 2 cores finish in ~0.7x the time of one after the other. The pinning is
+  part of the result: XLA:CPU rounds differently under another core mask
+  (docs/reproducibility.md)."""
   import os
   import subprocess
 
