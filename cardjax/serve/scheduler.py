@@ -14,8 +14,9 @@ rule) form other groups with other pools or steps.
 Other methods decode in chunks: between decode chunks (engine.py: at most `chunk` new
 tokens per row per call) the thread takes the oldest requests of the group, up to the
 largest compiled batch size, and decodes one chunk for them. Requests with other settings
-wait for a later chunk (they never share a call: a decode call has one tau, temperature, top_p and seed); a request sampling with
-its own seed decodes alone, so its tokens do not depend on its batch. A row is freed after
+wait for a later chunk (they never share a call: a decode call has one tau, temperature,
+top_p and seed); a request sampling with its own seed decodes alone, so its tokens do not
+depend on its batch. A row is freed after
 the chunk in which its request hit a stop token or stop string, reached max_tokens or the
 context, or its client went away (the chunk it is in still finishes); the next chunk's
 batch refills it from the pool. Nothing is cached between chunks, so any request can join
