@@ -26,35 +26,36 @@ import argparse
 import dataclasses
 import json
 import statistics
+import sys
 from pathlib import Path
 
-from cardjax import checkpoint, machine
-from cardjax.decoding.methods import Options, make_decoder
-from cardjax.eval import measure, nll
-from cardjax.restore import LoadedRun, load_run
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cardjax import checkpoint, machine  # noqa: E402
+from cardjax.decoding.methods import Options, make_decoder  # noqa: E402
+from cardjax.eval import measure, nll  # noqa: E402
+from cardjax.restore import LoadedRun, load_run  # noqa: E402
+from decode import run_dir  # noqa: E402  (where decode.py keeps each seed's runs)
 
 NEW_TOKENS, BLOCK = 64, 8  # as the code table (benchmarks/decode.py)
 
 
-def run_dir(workdir: Path, name: str, seed: int) -> Path:
-  return workdir / "runs" / (name if seed == 0 else f"seed{seed}/{name}")
+def at_step(latest: LoadedRun, step: int) -> LoadedRun:
+  """The run's checkpoint at `step`, with the config, tokenizer and objective of its
+  newest one (the same run)."""
+  if step == latest.step:
+    return latest
+  model, _ = checkpoint.restore_model(latest.root, step=step)
+  return LoadedRun(model, latest.config, latest.tokenizer, latest.objective, step, latest.root)
 
 
-def steps_of(run: Path) -> list[int]:
-  root = run / "checkpoints"
-  return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.is_dir() else []
-
-
-def grade(run: Path, step: int, judge: LoadedRun, prompts, data_dir: str, batches: int,
+def grade(loaded: LoadedRun, judge: LoadedRun, prompts, data_dir: str, batches: int,
           batch: int) -> dict:
-  """{'judge_nll', 'heldout_nll'} of run's checkpoint at `step`."""
-  latest = load_run(run)  # its config, tokenizer and objective
-  model, _ = checkpoint.restore_model(run / "checkpoints", step=step)
-  loaded = LoadedRun(model, latest.config, latest.tokenizer, latest.objective, step, latest.root)
+  """{'judge_nll', 'heldout_nll'} of one checkpoint."""
   opt = Options(max_new_tokens=NEW_TOKENS, pad_id=loaded.tokenizer.pad_id, block=BLOCK)
   method = "ar"
   if loaded.objective == "mdlm":  # bidirectional: no AR order; the table's DUS row
-    method, opt = "dus", dataclasses.replace(opt, shift=bool(latest.config.objective.shift))
+    method, opt = "dus", dataclasses.replace(opt, shift=bool(loaded.config.objective.shift))
   got = measure.timed(make_decoder(method, loaded.frozen, loaded.objective, opt), prompts, batch)
   config = nll.data_config(loaded, data_dir=data_dir)
   held = nll.evaluate_nll(loaded, config, nll.default_split(config), batches, progress=False)
@@ -110,9 +111,11 @@ def main() -> None:
     columns += [(label, path, seed) for label, path, seed in extras if path.name == name]
     table: dict[int, dict[str, dict]] = {}
     for label, run, seed in columns:
-      for step in steps_of(run):
+      steps = checkpoint.saved_steps(run / "checkpoints")
+      latest = load_run(run) if steps else None
+      for step in steps:
         table.setdefault(step, {})[label] = got = grade(
-            run, step, judge(seed), prompts, data_dir, args.batches, args.batch)
+            at_step(latest, step), judge(seed), prompts, data_dir, args.batches, args.batch)
         print(f"   {name} {label} step {step}: judge NLL {got['judge_nll']:.3f}, held-out "
               f"NLL {got['heldout_nll']:.3f}", flush=True)
     labels = [c[0] for c in columns]

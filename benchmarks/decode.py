@@ -88,7 +88,7 @@ def check_recipe(run: Path, steps: int) -> None:
   from cardjax import checkpoint
 
   root = run / "checkpoints"
-  if not root.is_dir() or checkpoint.latest_step(root) is None:
+  if not checkpoint.saved_steps(root):  # new, or stopped before its first save
     return
   saved = checkpoint.read_run_config(root)
   if saved is not None and saved.train.steps != steps:

@@ -30,12 +30,6 @@ from cardjax.decoding.methods import Options, make_decoder
 from cardjax.train import train
 
 
-def checkpoint_steps(run: Path) -> list[int]:
-  """The steps saved under run/checkpoints, oldest first."""
-  root = run / "checkpoints"
-  return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.is_dir() else []
-
-
 def grade_at(run: Path, step: int, prompts, answers, batch: int,
              max_new_tokens: int) -> tuple[float, float]:
   """(exact match, share of the worked steps "a op b = c." that are right) at a checkpoint."""
@@ -92,7 +86,7 @@ def main() -> None:
       tok = checkpoint.load_tokenizer(runs[seed] / "checkpoints",
                                       checkpoint.read_model_config(runs[seed] / "checkpoints"))
       prompts, answers = inputs.arith_problems(config, tok, args.n)
-    for step in checkpoint_steps(runs[seed]):  # graded now: a cut-short study keeps them
+    for step in checkpoint.saved_steps(runs[seed] / "checkpoints"):  # graded now: a cut-short study keeps them
       table.setdefault(step, {})[seed] = grade_at(
           runs[seed], step, prompts, answers, args.batch, args.max_new_tokens)
       em, acc = table[step][seed]

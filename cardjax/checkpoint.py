@@ -84,6 +84,16 @@ def latest_step(directory: str | Path) -> int:
   return step
 
 
+def saved_steps(directory: str | Path) -> list[int]:
+  """The complete steps saved in a checkpoints folder, oldest first; [] when there is no
+  folder or nothing finished saving in it (a run stopped before its first save)."""
+  directory = Path(directory)
+  if not directory.is_dir():
+    return []
+  with manager(directory, create=False) as mngr:
+    return sorted(mngr.all_steps())
+
+
 def restore_data_state(directory: str | Path, data_loader, step: int | None = None) -> None:
   """Put `data_loader` (a DataLoader like the saved one) where it was at `step`."""
   directory = _existing(directory)

@@ -40,9 +40,16 @@ def test_latest_step_and_interrupted_save(tmp_path):
   # A save killed half way leaves orbax's temporary folder; it must never count as latest.
   shutil.copytree(tmp_path / "2", tmp_path / "9.orbax-checkpoint-tmp-123")
   assert checkpoint.latest_step(tmp_path) == 2
+  assert checkpoint.saved_steps(tmp_path) == [1, 2]
   restored, step = checkpoint.restore_model(tmp_path, step=1)
   assert step == 1
   np.testing.assert_array_equal(np.asarray(restored.embed[...]), np.asarray(model.embed[...]))
+
+
+def test_saved_steps_of_a_run_stopped_before_its_first_save(tmp_path):
+  assert checkpoint.saved_steps(tmp_path / "missing") == []
+  (tmp_path / "hf_assets").mkdir()  # what a run writes first, before any step
+  assert checkpoint.saved_steps(tmp_path) == []
 
 
 def test_restore_into_mesh_shards_parameters(tmp_path):
