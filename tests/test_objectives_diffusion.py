@@ -9,7 +9,6 @@ import objectives_reference as ref
 from objectives_helpers import (MASK, objective, make_batch, np_batch, jitted, run,
                                random_logits, small_model, forward)
 from cardjax.attention import MaskSpec, dense_mask
-from cardjax.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -66,32 +65,6 @@ def test_mdlm_mask_ratio_follows_t():
     got += masked.sum()
     want += (64 * t + (1 - t) ** 64).sum()  # + the forced mask of an empty draw (tiny)
   assert abs(got / want - 1) < 0.05
-
-
-def test_mdlm_stratified_t_covers_every_stratum():
-  """t_sampling="stratified": row i's unit time is (u0 + i / B) mod 1 for one u0 a batch, so
-  each of the B strata [k / B, (k + 1) / B) holds exactly one row."""
-  obj = objective("mdlm", t_sampling="stratified")
-  batch = make_batch(DIFF_ROWS, 16)
-  b, eps = len(DIFF_ROWS), 1e-3
-  u0s = []
-  for seed in range(6):
-    t = np.asarray(run(obj, batch, seed).aux["t"], np.float64)
-    unit = (t - eps) / (1 - eps)
-    assert ((unit >= 0) & (unit < 1)).all()
-    np.testing.assert_array_equal(np.sort(np.floor(unit * b)), np.arange(b))
-    u0 = unit[0]
-    np.testing.assert_allclose(unit, np.mod(u0 + np.arange(b) / b, 1.0), atol=1e-6)
-    u0s.append(u0)
-  assert len(set(np.round(u0s, 6))) == len(u0s)  # a new offset every batch
-
-
-def test_mdlm_iid_t_is_the_default_and_bad_mode_is_refused():
-  iid = run(objective("mdlm"), make_batch(DIFF_ROWS, 16), 3)
-  same = run(objective("mdlm", t_sampling="iid"), make_batch(DIFF_ROWS, 16), 3)
-  np.testing.assert_array_equal(np.asarray(iid.aux["t"]), np.asarray(same.aux["t"]))
-  with pytest.raises(ConfigError, match="t_sampling='sobol'.*iid, stratified"):
-    objective("mdlm", t_sampling="sobol")
 
 
 @pytest.mark.parametrize("shift", [False, True])

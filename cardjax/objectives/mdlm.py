@@ -16,11 +16,6 @@ Loss: per row sum_q weight_q * CE_q / (number of maskable tokens in the row), th
 over rows that have any maskable token (the rows the base normalizer counts: every such
 row has a mask). aux: t [B], masked [B, L] int32, num_maskable [B].
 
-t_sampling="stratified" draws the batch's t low-discrepancy (the MDLM paper's sampler): one
-uniform u0 per batch, row i gets (u0 + i / B) mod 1, rescaled to [t_eps, 1). Each row is still
-U(t_eps, 1), so the loss stays an unbiased ELBO estimate, but every batch covers the whole
-range of t: the 1/t weights no longer let a batch that drew several small t outweigh the rest.
-
 This module also holds the helpers the other diffusion objectives share.
 """
 
@@ -63,29 +58,6 @@ def check_t_eps(cfg, objective: str) -> float:
   if not 0.0 <= t_eps < 1.0:
     raise ConfigError(f"objective.t_eps={t_eps!r} ({objective}): must lie in [0, 1)")
   return t_eps
-
-
-T_SAMPLING = ("iid", "stratified")
-
-
-def check_t_sampling(cfg, objective: str) -> str:
-  mode = str(cfg.get("t_sampling", "iid"))
-  if mode not in T_SAMPLING:
-    raise ConfigError(f"objective.t_sampling={mode!r} ({objective}): choose one of "
-                      f"{', '.join(T_SAMPLING)}")
-  return mode
-
-
-def sample_t(keys, t_eps: float, mode: str):
-  """t [B] in [t_eps, 1): iid per row (row i's from keys[i]), or stratified over the batch
-  (u0 from keys[0], row i at (u0 + i / B) mod 1)."""
-  b = keys.shape[0]
-  if mode == "stratified":
-    u0 = row_uniform(keys[:1], (), 3)[0]
-    unit = jnp.mod(u0 + jnp.arange(b, dtype=jnp.float32) / b, 1.0)
-  else:
-    unit = row_uniform(keys, (), 0)
-  return t_eps + (1.0 - t_eps) * unit
 
 
 def row_keys(rng, batch_size: int):
@@ -148,7 +120,6 @@ class MDLM(Objective):
     super().__init__(cfg, model_cfg)
     self.mask_id = require_mask_id(model_cfg, self.name)
     self.t_eps = check_t_eps(cfg, self.name)
-    self.t_sampling = check_t_sampling(cfg, self.name)
     self.shift = bool(cfg.shift)
 
   def corrupt(self, batch, rng):
@@ -156,7 +127,7 @@ class MDLM(Objective):
     b, l = tokens.shape
     eligible = maskable(seg, batch["loss_mask"], self.shift)
     keys = row_keys(rng, b)
-    t = sample_t(keys, self.t_eps, self.t_sampling)  # [B]
+    t = self.t_eps + (1.0 - self.t_eps) * row_uniform(keys, (), 0)  # [B]
     u = row_uniform(keys, (l,), 1)
     t_pos = jnp.broadcast_to(t[:, None], (b, l))
     masked = bernoulli_at_least_one(u, t_pos, eligible, jnp.zeros((b, l), jnp.int32), 1)
