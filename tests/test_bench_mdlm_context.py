@@ -1,0 +1,54 @@
+"""benchmarks/mdlm_context.py: the masked CE by mask rate against a plain numpy rendering."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import ml_collections
+import numpy as np
+import pytest
+
+import objectives_reference as ref
+from bench_module import load
+from objectives_helpers import MASK, forward, make_batch, np_batch, small_model
+from cardjax.attention import BIDIRECTIONAL
+
+ctx = load("mdlm_context")
+ROWS = [[(0, 16)], [(4, 12)], [(0, 6), (0, 10)], [(0, 1), (0, 9)]]
+
+
+def test_unigram_entropy_counts_scored_tokens_only():
+  batch = {"tokens": np.array([[1, 1, 2, 3, 9, 9]]),
+           "loss_mask": np.array([[1, 1, 1, 1, 0, 1]]),
+           "segment_ids": np.array([[1, 1, 1, 1, 1, 0]])}
+  want = -(0.5 * math.log(0.5) + 2 * 0.25 * math.log(0.25))  # 1, 1, 2, 3
+  assert ctx.unigram_entropy([batch]) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_masked_ce_equals_numpy(shift):
+  model = small_model()
+  config = ml_collections.ConfigDict({"objective": {"shift": shift},
+                                      "model": {"mask_token_id": MASK}})
+  loaded = SimpleNamespace(config=config, model=model)
+  batches = [np_batch(make_batch(ROWS, 16, seed=s)) for s in (0, 1)]
+  rates = (0.3, 1.0)
+  got = ctx.masked_ce_by_rate(loaded, batches, rates, seed=5)
+  for t in rates:
+    rng = np.random.default_rng([5, int(t * 1000)])
+    total = count = 0.0
+    for b in batches:
+      eligible = ref.maskable(b["segment_ids"], b["loss_mask"], shift)
+      masked = eligible & (rng.random(eligible.shape) < t)
+      if t == 1.0:
+        assert (masked == eligible).all()
+      logits = forward(model, np.where(masked, MASK, b["tokens"]), b["positions"],
+                       b["segment_ids"], np.zeros_like(b["tokens"]), BIDIRECTIONAL)
+      logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1,
+                             keepdims=True)) - logits.max(-1, keepdims=True)
+      for r, q in zip(*np.nonzero(masked)):
+        at = q - 1 if shift else q  # shift: the output one before predicts the token
+        total -= logp[r, at, b["tokens"][r, q]]
+        count += 1
+    assert got[t] == pytest.approx(total / count, rel=1e-5)
