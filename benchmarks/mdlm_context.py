@@ -19,12 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 RATES = (0.05, 0.15, 0.3, 0.5, 0.7, 0.9, 1.0)
 
@@ -44,6 +41,7 @@ def masked_ce_by_rate(loaded, batches, rates=RATES, seed: int = 0) -> dict[float
   import jax.numpy as jnp
 
   from cardjax.attention import BIDIRECTIONAL
+  from cardjax.objectives.base import token_ce
   from cardjax.objectives.mdlm import diffusion_targets, maskable
 
   cfg = loaded.config
@@ -53,9 +51,8 @@ def masked_ce_by_rate(loaded, batches, rates=RATES, seed: int = 0) -> dict[float
   def sums(tokens, positions, segment_ids, masked):
     targets, weights = diffusion_targets(tokens, masked, jnp.ones(masked.shape), shift)
     logits = model(jnp.where(masked, mask_id, tokens), positions=positions,
-                   segment_ids=segment_ids, mask=BIDIRECTIONAL).astype(jnp.float32)
-    ce = -jnp.take_along_axis(jax.nn.log_softmax(logits, -1), targets[..., None], -1)[..., 0]
-    return jnp.sum(ce * weights), jnp.sum(weights)
+                   segment_ids=segment_ids, mask=BIDIRECTIONAL)
+    return jnp.sum(token_ce(logits, targets) * weights), jnp.sum(weights)
 
   out = {}
   for t in rates:
@@ -75,7 +72,7 @@ def main() -> None:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("runs", nargs="+", help="mdlm run folders")
   parser.add_argument("--data-dir", default="", help="where the runs' dataset is built "
-                      "(default: each run's own data.data_dir)")
+                      "(default: the first run's data.data_dir; every run reads its batches)")
   parser.add_argument("--batches", type=int, default=8, help="validation batches")
   parser.add_argument("--json", default="", help="also write the rows here")
   args = parser.parse_args()
@@ -83,7 +80,6 @@ def main() -> None:
   from cardjax import machine
   from cardjax.eval import nll
   from cardjax.restore import load_run
-  from cardjax.train import loop
 
   print(f"== {machine.line(machine.describe())}", flush=True)
   rows, batches = [], None
@@ -93,9 +89,7 @@ def main() -> None:
       raise SystemExit(f"{path} is a {loaded.objective} run; this probe reads mdlm runs")
     if batches is None:  # one set of batches for every run (same dataset and tokenizer)
       config = nll.data_config(loaded, data_dir=args.data_dir)
-      config.data.eval_split = nll.default_split(config)
-      config.train.eval_steps = args.batches
-      batches = loop._eval_batches(config)
+      batches = nll.validation_batches(config, nll.default_split(config), args.batches)
       entropy = unigram_entropy(batches)
       print("| run | step | " + " | ".join(f"t={t}" for t in RATES)
             + " | unigram entropy |\n|---|---|" + "---|" * (len(RATES) + 1), flush=True)

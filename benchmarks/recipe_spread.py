@@ -86,7 +86,8 @@ def main() -> None:
       tok = checkpoint.load_tokenizer(runs[seed] / "checkpoints",
                                       checkpoint.read_model_config(runs[seed] / "checkpoints"))
       prompts, answers = inputs.arith_problems(config, tok, args.n)
-    for step in checkpoint.saved_steps(runs[seed] / "checkpoints"):  # graded now: a cut-short study keeps them
+    # Graded as each seed finishes: a study cut short keeps the seeds it graded.
+    for step in checkpoint.saved_steps(runs[seed] / "checkpoints"):
       table.setdefault(step, {})[seed] = grade_at(
           runs[seed], step, prompts, answers, args.batch, args.max_new_tokens)
       em, acc = table[step][seed]

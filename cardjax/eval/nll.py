@@ -71,6 +71,20 @@ def default_split(config) -> str:
   return "validation"  # load_source then names what is missing and how to build it
 
 
+def validation_batches(config, split: str, batches: int = 0) -> list[dict]:
+  """The first `batches` (0: train.eval_steps) batches of the unshuffled `split` under
+  `config`'s data section: the batches the trainer's validation scores."""
+  from cardjax.train import loop
+
+  config = copy.deepcopy(config)
+  config.data.eval_split = split
+  if batches:
+    config.train.eval_steps = batches
+  if config.train.eval_steps < 1:
+    raise CardjaxError(f"--batches {config.train.eval_steps} must be >= 1")
+  return loop._eval_batches(config)
+
+
 def evaluate_nll(run, config, split: str, batches: int = 0, mesh=None,
                  progress: bool = True) -> dict:
   """{'ar_nll', 'perplexity', 'loss', ...} of `run` on `batches` batches of `split`, on
@@ -84,18 +98,13 @@ def evaluate_nll(run, config, split: str, batches: int = 0, mesh=None,
   from cardjax.train import loop
   from cardjax.train.step import make_eval_step
 
-  config = copy.deepcopy(config)
-  config.data.eval_split = split
-  if batches:
-    config.train.eval_steps = batches
-  if config.train.eval_steps < 1:
-    raise CardjaxError(f"--batches {config.train.eval_steps} must be >= 1")
   # The trainer's layout (rows over the data axes); its own config divided them.
   mesh = mesh or make_mesh(1, -1, 1, devices=jax.devices()[:1])
   if config.data.batch_size % mesh.size:
     raise CardjaxError(f"data.batch_size={config.data.batch_size} rows do not divide over "
                        f"{mesh.size} devices; run with JAX_PLATFORMS / CUDA_VISIBLE_DEVICES "
                        "set to a device count that divides it")
+  data = validation_batches(config, split, batches)
   rules = config.mesh.rules or None
   with jax.set_mesh(mesh), (use_rules(rules) if rules else contextlib.nullcontext()):
     model = run.model
@@ -103,7 +112,6 @@ def evaluate_nll(run, config, split: str, batches: int = 0, mesh=None,
     graphdef, params = nnx.split(model, nnx.Param)
     params = nnx.to_pure_dict(params)
     eval_fn = jax.jit(make_eval_step(graphdef, objective, config.seed, config.train.loss_chunk))
-    data = loop._eval_batches(config)
     bar = tqdm(data, desc=f"nll {config.data.dataset}/{split}", unit="batch",
                disable=not progress, dynamic_ncols=True)
     metrics = loop._evaluate(eval_fn, params, bar, mesh)
