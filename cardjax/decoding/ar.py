@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from cardjax.decoding import sampling
 from cardjax.decoding.frozen import decode_loop
 from cardjax.decoding.prompts import Generation, decode
 from cardjax.decoding.reference import causal_logits
@@ -21,22 +22,10 @@ from cardjax.model.cache import KVCache
 
 
 def sample_tokens(logits, rng, temperature, top_p):
-  """Greedy when temperature == 0; else sample from the top-p nucleus at temperature.
-  A lax.cond, not a select of both: greedy decoding skips the vocab sort (on CPU it cost
-  as much as a small model's forward)."""
-  def sample(logits):
-    scaled = logits.astype(jnp.float32) / jnp.maximum(temperature, 1e-6)
-    order = jnp.argsort(-scaled, axis=-1)
-    sorted_logits = jnp.take_along_axis(scaled, order, axis=-1)
-    probs = jax.nn.softmax(sorted_logits, axis=-1)
-    keep = (jnp.cumsum(probs, axis=-1) - probs) < top_p  # always keeps the first
-    choice = jax.random.categorical(rng, jnp.where(keep, sorted_logits, -jnp.inf), axis=-1)
-    return jnp.take_along_axis(order, choice[..., None], axis=-1)[..., 0].astype(jnp.int32)
-
-  def greedy(logits):
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-
-  return jax.lax.cond(temperature > 0, sample, greedy, logits)
+  """Greedy when temperature == 0; else a draw from the top-p nucleus at temperature
+  (sampling.py: no vocabulary sort). One temperature and top_p for every row."""
+  u = jax.random.uniform(rng, logits.shape[:-1])
+  return sampling.sample(logits, u, temperature, top_p)
 
 
 @decode_loop("max_new_tokens")

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from cardjax.decoding import sampling
 from cardjax.decoding.ar import sample_tokens
 from cardjax.decoding.frozen import decode_loop
 from cardjax.decoding.prompts import Generation, decode
@@ -137,11 +138,11 @@ def window_inputs(pending, n_pending, committed, mask_id, w: int, block: int):
   return ids, pos, seg, need
 
 
-def judge_window(logits, tau, rule: str, temperature, top_p, key):
-  """The window's B guesses and how many each row accepts (accept_count at its tau)."""
+def judge_window(logits, tau, rule: str, temperature, top_p, u):
+  """The window's B guesses (sampling.sample with the uniforms u [rows, B]; temperature and
+  top_p broadcast to them) and how many each row accepts (accept_count at its tau)."""
   probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-  guess = pick_tokens(jnp.argmax(probs, axis=-1).astype(jnp.int32), logits, key,
-                      temperature, top_p)
+  guess = sampling.sample(logits, u, temperature, top_p)
   return guess, accept_count(probs, tau, rule, guess)
 
 
@@ -197,7 +198,8 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
       if len(widths) > 1:  # see the module docstring: stale scratch must not stay visible
         cache = cache.forget_scratch(2 * block)
       rng, key = jax.random.split(rng)
-      guess, k = judge_window(slot_logits, tau, rule, temperature, top_p, key)
+      u = jax.random.uniform(key, slot_logits.shape[:-1])
+      guess, k = judge_window(slot_logits, tau, rule, temperature, top_p, u)
       # Stop at the first stop token and at the token budget.
       is_stop = jnp.isin(guess, stop_ids) & (slot[None] < k[:, None])
       first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1) + 1, block)
