@@ -6,24 +6,26 @@ reuse."""
 import pytest
 
 from cardjax.decoding import ar, mars
-from cardjax.decoding.slots import SlotPool
+from cardjax.decoding.slots import Sampling, SlotPool
 from cardjax.errors import CardjaxError
 from decoding_helpers import MASK, PROMPTS, tiny_model
 
 N = 9  # tokens per request
 
 
-def drive(pool, schedule, taus=None, forwards=3):
+def drive(pool, schedule, taus=None, forwards=3, sampling=None, prompts=None):
   """Admit the prompts at the steps `schedule` gives (prompt i at call schedule[i]; those
   due together in one admit_many), step, release finished rows; a prompt waits while every
   row is busy. Returns each prompt's
   tokens and the (tier, span) pairs seen."""
   taus = taus or [1.0] * len(schedule)
+  sampling = sampling or [Sampling()] * len(schedule)
+  prompts = prompts or [PROMPTS[i % len(PROMPTS)] + [i] for i in range(len(schedule))]
   got, tiers, call, admitted = {}, set(), 0, set()
   while sum(isinstance(k, int) for k in got) < len(schedule):
     due = [i for i, at in enumerate(schedule) if at <= call and i not in admitted]
     due = due[:pool.capacity() - pool.live_rows()]
-    pool.admit_many((i, PROMPTS[i % len(PROMPTS)] + [i], taus[i], N) for i in due)
+    pool.admit_many((i, prompts[i], taus[i], N, sampling[i]) for i in due)
     admitted.update(due)
     new, ended, _ = pool.step(forwards)
     tiers.add((pool.tier, pool.span))
@@ -65,6 +67,41 @@ def test_mars_rows_equal_mars_generate_with_per_row_tau(span_min):
     assert got[i] == want, (i, tau)
   # tau 1 is AR greedy
   assert got[1] == ar.generate(model, [PROMPTS[1] + [1]], N).rows()[0]
+
+
+@pytest.mark.parametrize("method", ["ar", "mars"])
+def test_greedy_and_sampled_rows_share_steps_each_with_its_own_settings(method):
+  """Greedy rows beside sampled ones (seeded, various top_p) keep the one-shot greedy
+  tokens, and each sampled row gives the same tokens as when it decodes alone: its draws
+  are keyed by its seed and position, not by the step or its neighbours."""
+  model = tiny_model()
+  kw = dict(block=3) if method == "mars" else {}
+  taus = [0.5, 0.7, 1.0, 0.5, 0.6] if method == "mars" else None
+  hot = [Sampling(), Sampling(1.0, 0.9, 7), Sampling(), Sampling(0.8, 1.0, 2**32 - 1),
+         Sampling(1.0, 0.5, 7)]
+  mixed, _ = drive(SlotPool(model, method, slots=64, batch_sizes=(1, 4), **kw),
+                   [0, 0, 0, 1, 2], taus, forwards=2, sampling=hot)
+  for i, s in enumerate(hot):
+    prompt = [PROMPTS[i % len(PROMPTS)] + [i]]
+    alone, _ = drive(SlotPool(model, method, slots=64, batch_sizes=(1,), **kw), [0],
+                     [taus[i]] if taus else None, forwards=3, sampling=[s], prompts=prompt)
+    assert mixed[i] == alone[0], i
+    if s.temperature == 0:
+      want = (mars.generate(model, prompt, N, block=3, tau=taus[i], mask_id=MASK)
+              if method == "mars" else ar.generate(model, prompt, N))
+      assert mixed[i] == want.rows()[0], i
+  # Sampling happened: the seeded rows differ from their greedy paths.
+  greedy, _ = drive(SlotPool(model, method, slots=64, batch_sizes=(4,), **kw),
+                    [0, 0, 0, 1, 2], taus, forwards=2)
+  assert mixed[1] != greedy[1] or mixed[3] != greedy[3]
+
+
+def test_sampling_settings_are_checked():
+  pool = SlotPool(tiny_model(), "ar", slots=24, batch_sizes=(1,))
+  with pytest.raises(CardjaxError, match="top_p in"):
+    pool.admit("x", [1, 2], sampling=Sampling(1.0, 0.0, 1))
+  with pytest.raises(CardjaxError, match="seed in"):
+    pool.admit("x", [1, 2], sampling=Sampling(1.0, 1.0, -1))
 
 
 @pytest.mark.parametrize("method", ["ar", "mars"])

@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from cardjax.decoding.ar import sample_tokens
 from cardjax.decoding.mars import judge_window, window_inputs
+from cardjax.decoding.sampling import row_uniforms, sample
 from cardjax.decoding.prefixes import prepend
 from cardjax.model.cache import EMPTY_SEGMENT, KVCache
 
@@ -31,6 +31,11 @@ class Rows:
   live: jax.Array  # [rows] bool: decoding (admitted, not stopped)
   tau: jax.Array  # [rows] float32, MARS
   budget: jax.Array  # [rows] tokens the row may still produce
+  # Sampling, per row (sampling.py): greedy at temperature 0; draws keyed by the row's
+  # seed and position, so a row samples the same tokens whatever rows share its steps.
+  temperature: jax.Array  # [rows] float32
+  top_p: jax.Array  # [rows] float32
+  seed: jax.Array  # [rows] uint32
 
 
 jax.tree_util.register_dataclass(Rows, data_fields=[f.name for f in dataclasses.fields(Rows)],
@@ -55,7 +60,7 @@ def prefill(graphdef, params, tokens, positions, segments, prefix=None):
 
 
 def put_rows(cache: KVCache, rows: Rows, new: KVCache, row_ids, last, length, tau,
-              budget):
+             budget, temperature, top_p, seed):
   """`cache` and `rows` with rows `row_ids` ([n]; an id past the last row is dropped: a
   padding row of the prefill) replaced by the n prefilled rows of `new` (their slots
   become the rows' first ones, the rest empty, their index new.index) and fresh row
@@ -80,7 +85,9 @@ def put_rows(cache: KVCache, rows: Rows, new: KVCache, row_ids, last, length, ta
   pending = jnp.zeros((len(last),) + rows.pending.shape[1:], jnp.int32).at[:, 0].set(last)
   rows = Rows(pending=set_rows(rows.pending, pending), n_pending=set_rows(rows.n_pending, 1),
               committed=set_rows(rows.committed, length), live=set_rows(rows.live, True),
-              tau=set_rows(rows.tau, tau), budget=set_rows(rows.budget, budget))
+              tau=set_rows(rows.tau, tau), budget=set_rows(rows.budget, budget),
+              temperature=set_rows(rows.temperature, temperature),
+              top_p=set_rows(rows.top_p, top_p), seed=set_rows(rows.seed, seed))
   return cache, rows
 
 
@@ -107,9 +114,8 @@ def gather(cache: KVCache, rows: Rows, order, *, span: int):
   return cache, dataclasses.replace(rows, live=rows.live & ~empty)
 
 
-def step(graphdef, params, cache: KVCache, rows: Rows, stop_ids, pad_id, mask_id,
-          temperature, top_p, rng, *, forwards: int, method: str, block: int, rule: str,
-          limit: int):
+def step(graphdef, params, cache: KVCache, rows: Rows, stop_ids, pad_id, mask_id, *,
+         forwards: int, method: str, block: int, rule: str, limit: int):
   """Up to `forwards` forwards for every live row; a row stops when its next window would
   pass `limit` slots (the pool's, not the span's: the caller makes the span hold every slot
   this step writes). Returns (cache, rows, out [rows, forwards * max(B, 1)], count [rows],
@@ -122,24 +128,24 @@ def step(graphdef, params, cache: KVCache, rows: Rows, stop_ids, pad_id, mask_id
   slot = jnp.arange(width)
 
   def cond(carry):
-    _, rows, _, _, n, _, _ = carry
+    _, rows, _, _, n, _ = carry
     return (n < forwards) & jnp.any(rows.live)
 
   def ar_body(carry):
-    cache, rows, out, count, n, rng, used = carry
+    cache, rows, out, count, n, used = carry
     live = rows.live
     ids = rows.pending[:, :1]
     pos = (rows.committed - 1)[:, None]
     logits, cache = model.forward_cached(ids, cache, positions=pos,
                                          segment_ids=jnp.ones_like(ids))
-    rng, key = jax.random.split(rng)
-    token = sample_tokens(logits[:, -1], key, temperature, top_p)
+    u = row_uniforms(rows.seed, rows.committed, 1)[:, 0]
+    token = sample(logits[:, -1], u, rows.temperature, rows.top_p)
     k = live.astype(jnp.int32)
     cache = dataclasses.replace(cache, index=cache.index - 1 + k)  # a stopped row stays
-    return commit(cache, rows, out, count, n, rng, used, token[:, None], k)
+    return commit(cache, rows, out, count, n, used, token[:, None], k)
 
   def mars_body(carry):
-    cache, rows, out, count, n, rng, used = carry
+    cache, rows, out, count, n, used = carry
     live = rows.live
     # mars.py's full window: all B pending slots, so one program whatever a row keeps.
     ids, pos, seg, need = window_inputs(rows.pending, rows.n_pending, rows.committed, mask_id,
@@ -148,11 +154,12 @@ def step(graphdef, params, cache: KVCache, rows: Rows, stop_ids, pad_id, mask_id
     logits, cache = model.forward_cached(ids, cache, positions=pos, segment_ids=seg,
                                          logits_at=need)
     cache = dataclasses.replace(cache, index=start + jnp.where(live, rows.n_pending, 0))
-    rng, key = jax.random.split(rng)
-    guess, k = judge_window(logits, rows.tau[:, None], rule, temperature, top_p, key)
-    return commit(cache, rows, out, count, n, rng, used, guess, jnp.where(live, k, 0))
+    u = row_uniforms(rows.seed, rows.committed, block)
+    guess, k = judge_window(logits, rows.tau[:, None], rule, rows.temperature[:, None],
+                            rows.top_p[:, None], u)
+    return commit(cache, rows, out, count, n, used, guess, jnp.where(live, k, 0))
 
-  def commit(cache, rows, out, count, n, rng, used, guess, k):
+  def commit(cache, rows, out, count, n, used, guess, k):
     """Keep the first k guesses of each row, up to its first stop token and its budget;
     the row stops there, or when its next window would not fit the slots."""
     is_stop = jnp.isin(guess, stop_ids) & (slot[None] < k[:, None])
@@ -164,14 +171,14 @@ def step(graphdef, params, cache: KVCache, rows: Rows, stop_ids, pad_id, mask_id
     stopped = jnp.any(is_stop & take, axis=1) | (rows.budget - k <= 0)
     # The index is past this forward's kept tokens: the next window is written from it.
     full = cache.index + (1 if method == "ar" else 2 * block) > limit
-    rows = Rows(pending=jnp.where(take, guess, pad_id),
-                n_pending=jnp.where(k > 0, k, rows.n_pending),
-                committed=rows.committed + k, live=rows.live & ~stopped & ~full,
-                tau=rows.tau, budget=rows.budget - k)
+    rows = dataclasses.replace(rows, pending=jnp.where(take, guess, pad_id),
+                               n_pending=jnp.where(k > 0, k, rows.n_pending),
+                               committed=rows.committed + k,
+                               live=rows.live & ~stopped & ~full, budget=rows.budget - k)
     used = used + (k > 0).astype(jnp.int32)
-    return cache, rows, out, count + k, n + 1, rng, used
+    return cache, rows, out, count + k, n + 1, used
 
   body = ar_body if method == "ar" else mars_body
-  cache, rows, out, count, _, _, used = jax.lax.while_loop(
-      cond, body, (cache, rows, out, count, jnp.int32(0), rng, jnp.zeros((b,), jnp.int32)))
+  cache, rows, out, count, _, used = jax.lax.while_loop(
+      cond, body, (cache, rows, out, count, jnp.int32(0), jnp.zeros((b,), jnp.int32)))
   return cache, rows, out, count, used

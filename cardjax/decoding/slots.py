@@ -5,15 +5,19 @@ cache. A server whose requests arrive and finish at different times would then r
 every row at every call. A `SlotPool` instead owns a cache of `rows x slots` that lives
 across calls:
 
-  admit_many([(key, prompt, tau, max_new_tokens), ...])
+  admit_many([(key, prompt, tau, max_new_tokens[, Sampling]), ...])
                        prefill prompts into free rows (one forward per prompt width for up to
                        prefill_rows prompts, written into their rows in place); the rows then
                        decode with the others. admit(key, prompt, ...) admits one.
-  step(forwards, ...)  up to `forwards` forwards for every live row (one jitted while loop,
+  step(forwards)       up to `forwards` forwards for every live row (one jitted while loop,
                        leaving early when no row is live); returns each key's new tokens
   release(key)         the key's request is over (or its client left); its row is free
 
-Rows are named by the caller's keys: a tier change (below) renumbers them.
+Rows are named by the caller's keys: a tier change (below) renumbers them. Each row keeps
+its own tau and its own sampling settings (`Sampling`: temperature, top_p, seed), so greedy
+and sampled requests, seeded or not, decode in the same step; a row's draws are keyed by its
+seed and position (sampling.row_uniforms), not by the step, so a seeded request gives the
+same tokens alone or beside others.
 
 AR feeds one token per row per forward. MARS reads the full window [B pending | B masks]
 per row (mars.py's "full" window: every forward writes 2B slots from the row's index, so
@@ -64,6 +68,18 @@ from cardjax.errors import CardjaxError
 from cardjax.model.cache import KVCache
 
 METHODS = ("ar", "mars")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """A row's sampling settings: greedy at temperature 0 (the default), else top-p draws
+  keyed by `seed` (an unsigned 32-bit value) and the row's position."""
+  temperature: float = 0.0
+  top_p: float = 1.0
+  seed: int = 0
+
+
+GREEDY = Sampling()
 # The most prompts one prefill forward takes by default: 16 rows already keep a CPU's
 # matmuls busy, and a 64-row prefill would stall every live row for seconds (and be the
 # largest program to compile).
@@ -191,7 +207,9 @@ class SlotPool:
              Rows(pending=jnp.zeros((tier, width), jnp.int32),
                   n_pending=jnp.ones((tier,), jnp.int32),
                   committed=jnp.ones((tier,), jnp.int32), live=jnp.zeros((tier,), bool),
-                  tau=jnp.ones((tier,), jnp.float32), budget=jnp.zeros((tier,), jnp.int32)))
+                  tau=jnp.ones((tier,), jnp.float32), budget=jnp.zeros((tier,), jnp.int32),
+                  temperature=jnp.zeros((tier,), jnp.float32),
+                  top_p=jnp.ones((tier,), jnp.float32), seed=jnp.zeros((tier,), jnp.uint32)))
     # Committed to the device, as the jitted calls' outputs are: a first call on
     # uncommitted arrays would compile each program a second time. Copies: create()
     # shares one zeros buffer between k and v, and the calls donate each.
@@ -207,16 +225,15 @@ class SlotPool:
         if log:
           log(f"step batch {tier}, span {span}")
         cache, rows = self._empty(tier, span)
-        self._call_step(cache, rows, forwards, 0.0, 1.0, 0)
+        self._call_step(cache, rows, forwards)
         n += 1
     return n
 
-  def _call_step(self, cache, rows, forwards, temperature, top_p, seed):
+  def _call_step(self, cache, rows, forwards):
     return self._step(
         self.model.state, cache, rows, self.stop_ids, np.int32(self.pad_id),
-        np.int32(self.model.cfg.mask_token_id), np.float32(temperature), np.float32(top_p),
-        jax.random.key(seed), forwards=forwards, method=self.method, block=self.block,
-        rule=self.rule, limit=self.slots)
+        np.int32(self.model.cfg.mask_token_id), forwards=forwards, method=self.method,
+        block=self.block, rule=self.rule, limit=self.slots)
 
   def _fit(self, need: int) -> None:
     """The smallest tier holding `need` rows, the live rows moved to its first rows."""
@@ -226,17 +243,23 @@ class SlotPool:
     if tier != self.tier:
       self._resize(tier, [i for i, o in enumerate(self.owner) if o is not None], self.span)
 
-  def admit(self, key, prompt, tau: float = 1.0, max_new_tokens: int = 1) -> None:
+  def admit(self, key, prompt, tau: float = 1.0, max_new_tokens: int = 1,
+            sampling: Sampling = GREEDY) -> None:
     """Prefill `prompt` into a free row owned by `key` (hashable, not None)."""
-    self.admit_many([(key, prompt, tau, max_new_tokens)])
+    self.admit_many([(key, prompt, tau, max_new_tokens, sampling)])
 
   def admit_many(self, requests) -> int:
-    """Prefill each (key, prompt, tau, max_new_tokens) into a free row owned by its key:
-    one forward per stored prefix (prefixes.py), width bucket of what follows it and
-    prefill_rows prompts. Returns the prompt tokens read from stored prefixes."""
-    requests = list(requests)
+    """Prefill each (key, prompt, tau, max_new_tokens[, sampling]) into a free row owned
+    by its key (sampling: a `Sampling`, greedy when left out): one forward per stored
+    prefix (prefixes.py), width bucket of what follows it and prefill_rows prompts.
+    Returns the prompt tokens read from stored prefixes."""
+    requests = [tuple(r[:4]) + (r[4] if len(r) > 4 else GREEDY,) for r in requests]
     keys = [r[0] for r in requests]
-    for key, prompt, _, _ in requests:
+    for key, prompt, _, _, sampling in requests:
+      if not (sampling.temperature >= 0 and 0 < sampling.top_p <= 1 and
+              0 <= sampling.seed < 2**32):
+        raise CardjaxError(f"{sampling} is out of range: temperature >= 0, top_p in (0, 1], "
+                           "seed in [0, 2**32)")
       if key is None or key in self.owner or keys.count(key) > 1:
         raise CardjaxError(f"key {key!r} is None or already owns a row; give each request "
                            "its own key")
@@ -294,9 +317,13 @@ class SlotPool:
     length = np.asarray([len(q) for q in prompts], np.int32)
     tau = np.asarray([r[2] for r in requests] + [1.0] * (size - n), np.float32)
     budget = np.asarray([r[3] for r in requests] + [0] * (size - n), np.int32)
-    self.cache, self.rows = self._put(self.cache, self.rows, new, ids, last, length, tau,
-                                      budget)
-    for (key, _, _, budget), row in zip(requests, rows):
+    sampling = [r[4] for r in requests] + [GREEDY] * (size - n)
+    self.cache, self.rows = self._put(
+        self.cache, self.rows, new, ids, last, length, tau, budget,
+        np.asarray([x.temperature for x in sampling], np.float32),
+        np.asarray([x.top_p for x in sampling], np.float32),
+        np.asarray([x.seed for x in sampling], np.uint32))
+    for (key, _, _, budget, _), row in zip(requests, rows):
       self.owner[row] = key
       self.index[row], self.budget[row], self.live[row] = p + width - 1, budget, True
 
@@ -343,9 +370,9 @@ class SlotPool:
     if smaller < self.tier:
       self._fit(live)
 
-  def step(self, forwards: int, temperature: float = 0.0, top_p: float = 1.0,
-           seed: int = 0):
-    """Decode up to `forwards` forwards for the live rows. Returns (new tokens per key,
+  def step(self, forwards: int):
+    """Decode up to `forwards` forwards for the live rows, each with its own tau and
+    sampling. Returns (new tokens per key,
     the keys whose rows stopped by themselves with the reason: "stop" (a stop token),
     "budget" (max_new_tokens) or "slots" (no room for another window), forwards per key
     (those that produced its tokens)). A stopped row keeps its key until release."""
@@ -353,8 +380,7 @@ class SlotPool:
     span = self.span_for(self.reach(forwards))
     if span != self.span:
       self._resize(self.tier, range(self.tier), span)
-    self.cache, self.rows, out, count, used = self._call_step(
-        self.cache, self.rows, forwards, temperature, top_p, seed)
+    self.cache, self.rows, out, count, used = self._call_step(self.cache, self.rows, forwards)
     out, count, used = np.asarray(out), np.asarray(count), np.asarray(used)
     live, budget = np.asarray(self.rows.live), np.asarray(self.rows.budget)
     self.index = np.asarray(self.cache.index).astype(np.int64)
