@@ -134,7 +134,7 @@ def test_concurrent_requests_batch_without_mixing_settings(client, reference, se
   calls_before = metric(server[1], "cardjax_batch_rows_count")
 
   def ask(i):
-    if i % 3 == 2:  # sampled rows between greedy ones: their own decode calls
+    if i % 3 == 2:  # sampled rows between greedy ones, in the same steps
       return client.completions.create(model="run", prompt=PROMPTS[i % 4], max_tokens=10,
                                         temperature=1.0, top_p=0.9, seed=i,
                                         extra_body={"method": "ar"})
@@ -148,7 +148,8 @@ def test_concurrent_requests_batch_without_mixing_settings(client, reference, se
   rows = metric(server[1], "cardjax_batch_rows_sum") - rows_before
   calls = metric(server[1], "cardjax_batch_rows_count") - calls_before
   assert rows / calls > 1.0  # some decode calls held several requests
-  # A seeded sampled request is reproducible (it decodes alone, whatever else is queued).
+  # A seeded sampled request is reproducible (its draws are keyed by its seed and
+  # positions, whatever rows share its steps).
   again = client.completions.create(model="run", prompt=PROMPTS[2 % 4], max_tokens=10,
                                     temperature=1.0, top_p=0.9, seed=2,
                                     extra_body={"method": "ar"})

@@ -1,5 +1,6 @@
 """The scheduler's admission wait: after a step frees rows, the decode thread waits (at most
-its budget) for new requests of the same group, and no longer than it takes them to come."""
+its budget) for new requests of the same group, and no longer than it takes them to come,
+and not at all while another group has work."""
 
 import threading
 import time
@@ -43,9 +44,19 @@ def test_returns_at_once_when_the_freed_rows_are_already_asked_for(scheduler):
 
 
 def test_waits_out_its_budget_when_nobody_comes(scheduler):
-  # A request of another group (sampled) does not fill an AR greedy row.
-  scheduler.submit(_job(temperature=1.0))
   assert _timed(lambda: scheduler._await_arrivals(_job(), 1, 0.3)) >= 0.3
+
+
+def test_a_sampled_request_fills_a_greedy_row(scheduler):
+  # One pool holds greedy and sampled rows: a sampled arrival is what the wait is for.
+  scheduler.submit(_job(temperature=1.0))
+  assert _timed(lambda: scheduler._await_arrivals(_job(), 1, 5.0)) < 1.0
+
+
+def test_no_wait_while_another_group_has_work(scheduler):
+  # A MARS request (another pool) is served next in turn: waiting would only delay it.
+  scheduler.submit(_job(method="mars"))
+  assert _timed(lambda: scheduler._await_arrivals(_job(), 1, 5.0)) < 1.0
 
 
 def test_wakes_when_the_requests_arrive(scheduler):

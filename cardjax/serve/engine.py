@@ -1,14 +1,14 @@
 """The model a server serves: continuous batching over rows that keep their KV cache, and
 chunked decode calls for the methods that cannot.
 
-Continuous (AR and MARS threshold decoding, greedy or sampled without a per-request seed):
-one `SlotPool` (cardjax/decoding/slots.py) per (method, block, rule, stop ids), each row
+Continuous (AR and MARS threshold decoding, greedy or sampled, seeded or not): one
+`SlotPool` (cardjax/decoding/slots.py) per (method, block, rule, stop ids), each row
 holding one request's KV cache for its whole life, `slots` slots long (--slots: the longest
 prompt + completion a request can reach). A request is prefilled once, when it is admitted,
 and then decodes in every step of its pool until it ends; rows join and leave between
-steps. Each request keeps its own tau.
+steps. Each request keeps its own tau, temperature, top_p and seed in its row.
 
-Chunked (CARD, DUS, EB/CB, MDLM, self-verified MARS, seeded sampling, or --slots 0): the
+Chunked (CARD, DUS, EB/CB, MDLM, self-verified MARS, --slots 0, or a device mesh): the
 jitted decoders run a batch to completion and keep no state between calls, so the
 server decodes in chunks: each call writes at most `chunk` new tokens per row, from the
 row's prompt plus what it has generated so far. A row's KV cache is rebuilt by each
@@ -34,8 +34,8 @@ def prompts_bucket() -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """The decoder settings a batch shares: requests with different ones never share a
-  decode call (a batch's tau, temperature, top_p and seed are one value per call)."""
+  """A request's decoder settings. A chunked decode call has one value of each for its
+  batch (Settings.group); a SlotPool step only one method, block, rule (pool_key)."""
   method: str
   temperature: float = 0.0
   top_p: float = 1.0
@@ -47,9 +47,15 @@ class Settings:
   ignore_eos: bool = False  # decode to max_tokens through stop tokens (load tests)
 
   def group(self) -> tuple:
-    """The batching key (the seed is left to the scheduler: see Job.group)."""
+    """The batching key of a chunked decode call (the seed is left to the scheduler: see
+    Job.group)."""
     return (self.method, self.temperature, self.top_p, self.tau, self.block, self.verify,
             self.rule, self.ignore_eos)
+
+  def pool_key(self) -> tuple:
+    """What a SlotPool's step compiles for: requests that share it share a pool (their
+    tau, temperature, top_p and seed are per-row values)."""
+    return (self.method, self.block, self.rule, self.ignore_eos)
 
 
 class Engine:
@@ -157,8 +163,9 @@ class Engine:
       tau, rule = None, "prob"
     if method == "ar":
       block = 0
-    # The seed matters only when sampling; greedy requests batch together whatever it is.
+    # The seed and top_p matter only when sampling: greedy requests are one group.
     seed = seed if temperature > 0 else None
+    top_p = top_p if temperature > 0 else 1.0
     return Settings(method, float(temperature), float(top_p),
                     None if tau is None else float(tau), int(block), bool(verify), rule, seed)
 
@@ -166,7 +173,7 @@ class Engine:
     """Whether requests with these settings decode in a SlotPool (module docstring)."""
     # A SlotPool lives on one device: a server over a device mesh decodes in chunks.
     return (self.slots > 0 and self.mesh is None and s.method in ("ar", "mars")
-            and not s.verify and s.seed is None)
+            and not s.verify)
 
   def context(self, s: Settings) -> int:
     """Positions a request's prompt and completion share."""
@@ -187,7 +194,7 @@ class Engine:
     """The SlotPool of these (continuous) settings, built on first use."""
     from cardjax.decoding.slots import SlotPool
 
-    key = (s.method, s.block, s.rule, s.ignore_eos)
+    key = s.pool_key()
     if key not in self.pools:
       stop_ids = self.tokenizer.stop_ids
       if s.ignore_eos:
@@ -228,13 +235,13 @@ class Engine:
 
   def release(self, s: Settings, key) -> None:
     """Free `key`'s row in its pool, if the pool still holds it."""
-    pool = self.pools.get((s.method, s.block, s.rule, s.ignore_eos))
+    pool = self.pools.get(s.pool_key())
     if pool is not None and key in pool.owner:
       pool.release(key)
 
   def drop_pool(self, s: Settings) -> None:
     """Forget a pool whose state a failed step may have consumed (donated buffers)."""
-    self.pools.pop((s.method, s.block, s.rule, s.ignore_eos), None)
+    self.pools.pop(s.pool_key(), None)
 
   def batch_size(self, rows: int) -> int:
     """The compiled batch size that holds `rows` (rows <= max(batch_sizes))."""

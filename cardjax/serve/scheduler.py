@@ -1,15 +1,18 @@
 """Continuous batching on one decode thread.
 
-Every unfinished request sits in one list. Each round the thread takes the oldest
-request's settings group. For AR and MARS (engine.continuous) the group's SlotPool admits
-its waiting requests into free rows (one prefill forward per prompt width) and runs one
-step of up to `chunk` forwards for all its rows; a row keeps its KV cache from step to
-step, so it is prefilled once, and a request that ends (stop token, stop string,
-max_tokens, context, or a client that went away) frees its row for the next admit. A step
-that freed rows while others decode on is followed by a short wait (`admit_wait` of the
-step's time) for new requests to fill them, since closed-loop clients come straight back.
-Requests keep their own tau inside a pool; other settings (temperature, top_p, block,
-rule) form other groups with other pools or steps.
+Every unfinished request sits in one list, in groups of requests that can share a decode
+call. Each round the thread serves the group it served longest ago (the oldest request's
+group among those never served), so groups take turns: none waits behind another's whole
+life. For AR and MARS (engine.continuous) a group is one SlotPool, keyed by what a step
+compiles (method, block, rule, ignore_eos): every request keeps its own tau, temperature,
+top_p and seed in its row, so greedy and sampled, seeded or not, decode in the same step.
+The pool admits its waiting requests into free rows (one prefill forward per prompt width)
+and runs one step of up to `chunk` forwards for all its rows; a row keeps its KV cache from
+step to step, so it is prefilled once, and a request that ends (stop token, stop string,
+max_tokens, context, or a client that went away) frees its row in that step. A step that
+freed rows while others decode on is followed by a short wait (`admit_wait` of the step's
+time) for new requests to fill them, since closed-loop clients come straight back, unless
+another group has work waiting.
 
 Other methods decode in chunks: between decode chunks (engine.py: at most `chunk` new
 tokens per row per call) the thread takes the oldest requests of the group, up to the
@@ -27,6 +30,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
+import random
 import threading
 import time
 import traceback
@@ -62,9 +67,18 @@ class Job:
 
   def group(self, continuous: bool = False) -> tuple:
     s = self.settings
-    if continuous:  # one pool step serves every tau
-      return ("slots",) + tuple(x for i, x in enumerate(s.group()) if i != 3)
+    if continuous:  # one pool step serves every tau and sampling setting
+      return ("slots",) + s.pool_key()
     return s.group() + ((s.seed, self.id) if s.seed is not None else ())
+
+  def sampling(self, fresh: int):
+    """Its row's sampling settings; `fresh`: the seed of a sampled request without one."""
+    from cardjax.decoding.slots import Sampling
+
+    s = self.settings
+    if s.temperature == 0:
+      return Sampling()
+    return Sampling(s.temperature, s.top_p, (fresh if s.seed is None else s.seed) % 2**32)
 
 
 def check_admit_wait(value: float) -> float:
@@ -85,6 +99,10 @@ class Scheduler:
     self.stopping = False
     self.running = 0
     self._seeds = itertools.count(1)
+    # Unseeded sampled rows: seeds that differ between requests and between server runs.
+    self._fresh = random.Random(int.from_bytes(os.urandom(8), "little"))
+    self._served: dict[tuple, int] = {}  # group -> the round it was last served
+    self._round = 0
     self.thread = threading.Thread(target=self._loop, name="cardjax-decode", daemon=True)
     metrics.tau.set(tau.tau)
 
@@ -96,6 +114,11 @@ class Scheduler:
       self.pool.append(job)
       self.metrics.queue.set(len(self.pool) - self.running)
       self.cond.notify()
+
+  def waiting(self) -> int:
+    """Requests that hold no row yet (a chunked request counts until it finishes)."""
+    with self.cond:
+      return sum(not j.admitted for j in self.pool)
 
   def cancel(self, job: Job) -> None:
     """The client went away: the job leaves the pool before the next chunk."""
@@ -114,8 +137,9 @@ class Scheduler:
     return job.group(self.engine.continuous(job.settings))
 
   def _take(self) -> tuple[list[Job], int, bool] | None:
-    """The oldest request's group: (its requests, oldest first; up to the largest batch
-    when chunked, all of them when continuous), requests waiting outside it, continuous."""
+    """The next group to serve (module docstring): (its requests, oldest first; up to the
+    largest batch when chunked, all of them when continuous), requests waiting outside
+    it, continuous."""
     with self.cond:
       while True:
         for job in [j for j in self.pool if j.cancelled]:
@@ -128,10 +152,15 @@ class Scheduler:
         self.cond.wait()
       if not self.pool:
         return None
-      oldest = min(self.pool, key=lambda j: j.arrived)
-      continuous = self.engine.continuous(oldest.settings)
-      key = self._group(oldest)
-      batch = sorted((j for j in self.pool if self._group(j) == key), key=lambda j: j.arrived)
+      groups: dict[tuple, list[Job]] = {}
+      for job in sorted(self.pool, key=lambda j: j.arrived):
+        groups.setdefault(self._group(job), []).append(job)
+      # Turns: the group served longest ago; among the never served, the oldest request's.
+      self._served = {k: v for k, v in self._served.items() if k in groups}
+      key = min(groups, key=lambda k: (self._served.get(k, -1), groups[k][0].arrived))
+      self._served[key], self._round = self._round, self._round + 1
+      batch = groups[key]
+      continuous = self.engine.continuous(batch[0].settings)
       running = min(len(batch), self.max_batch)
       if not continuous:
         batch = batch[:self.max_batch]
@@ -170,22 +199,22 @@ class Scheduler:
     for job in admits:
       tau = 1.0
       if s.method == "mars":
-        tau = s.tau if s.tau is not None else self.tau.update(waiting)
+        tau = job.settings.tau if job.settings.tau is not None else self.tau.update(waiting)
         self.metrics.tau.set(self.tau.tau)
       taus.append(tau)
     # One prefill forward for all of them (per prompt width): see SlotPool.admit_many.
     clock = time.monotonic()
     cached = pool.admit_many((job.id, job.prompt + job.tokens, tau,
-                              job.max_tokens - len(job.tokens))
+                              job.max_tokens - len(job.tokens),
+                              job.sampling(self._fresh.getrandbits(32)))
                              for job, tau in zip(admits, taus))
     self.metrics.prefills.inc(len(admits))
     self.metrics.prefix_tokens.inc(cached)
     for job, tau in zip(admits, taus):
       job.admitted, job.row_tau = True, tau if s.method == "mars" else None
-    seed = next(self._seeds)  # continuous requests carry no seed of their own
     started = time.monotonic()
     self.metrics.thread_seconds.labels("prefill").inc(started - clock)
-    new, ended, forwards = pool.step(self.engine.chunk, s.temperature, s.top_p, seed)
+    new, ended, forwards = pool.step(self.engine.chunk)
     now = time.monotonic()
     self.metrics.thread_seconds.labels("step").inc(now - started)
     stop_ids = set() if s.ignore_eos else set(self.engine.tokenizer.stop_ids)
@@ -228,8 +257,9 @@ class Scheduler:
     deadline = time.monotonic() + seconds
     with self.cond:
       while not self.stopping:
-        queued = sum(not j.admitted and not j.cancelled and self._group(j) == key
-                     for j in self.pool)
+        if any(self._group(j) != key for j in self.pool):
+          return  # another group's turn comes next: nothing to wait for
+        queued = sum(not j.admitted and not j.cancelled for j in self.pool)
         left = deadline - time.monotonic()
         if queued >= want or left <= 0:
           return
