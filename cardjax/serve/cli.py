@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import sys
 import time
 
 from cardjax.errors import CardjaxError
+from cardjax.serve import limits
 
 
 def is_loopback(host: str) -> bool:
@@ -53,8 +55,14 @@ def add_arguments(p) -> None:
   p.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
   p.add_argument("--port", type=int, default=8000)
   p.add_argument("--allow-remote", action="store_true",
-                 help="allow binding a non-loopback --host: the server has no "
-                      "authentication, anyone who reaches the port can use it")
+                 help="allow binding a non-loopback --host (needs --api-key)")
+  p.add_argument("--api-key", default=os.environ.get("CARDJAX_API_KEY", ""),
+                 help="clients must send 'Authorization: Bearer KEY' to /v1 (401 otherwise); "
+                      "default: $CARDJAX_API_KEY; required with --allow-remote")
+  p.add_argument("--max-body-bytes", type=int, default=limits.MAX_BODY_BYTES,
+                 help="a larger request body is refused with 413 before it is read whole")
+  p.add_argument("--max-queue", type=int, default=limits.MAX_QUEUE,
+                 help="the most requests that wait for a row; past it 429 with Retry-After")
   p.add_argument("--batch-sizes", default="1,4,16",
                  help="compiled batch sizes; a batch is padded to the smallest that fits")
   p.add_argument("--chunk", type=int, default=16,
@@ -107,11 +115,14 @@ def run_serve(args) -> None:
 
   if not is_loopback(args.host):
     if not args.allow_remote:
-      raise CardjaxError(f"--host {args.host} is not a loopback address and the server has no "
-                         "authentication: pass --allow-remote as well to bind it")
-    print(f"cardjax serve: warning: listening on {args.host}: anyone who reaches port "
-          f"{args.port} can use this server (no authentication)", file=sys.stderr)
+      raise CardjaxError(f"--host {args.host} is not a loopback address: pass --allow-remote "
+                         "and --api-key KEY to bind it")
+    if not args.api_key:
+      raise CardjaxError(f"--host {args.host} with --allow-remote needs --api-key KEY (or "
+                         "$CARDJAX_API_KEY): without one anyone who reaches the port could "
+                         "use the server")
   check_admit_wait(args.admit_wait)  # before the model loads
+  bounds = limits.Limits(args.max_body_bytes, args.max_queue, args.api_key)
   sizes = parse_sizes(args.batch_sizes)
   tau = TauControl(args.tau, args.target_latency_ms, args.tau_min, args.tau_max)
   mesh = make_mesh(1, -1, 1) if jax.device_count() > 1 else None
@@ -126,7 +137,7 @@ def run_serve(args) -> None:
     shapes = engine.warmup(args.warmup_width, log=lambda line: print(line, file=sys.stderr))
     print(f"cardjax serve: warm-up compiled {shapes} shapes in "
           f"{time.perf_counter() - start:.0f}s", file=sys.stderr)
-  app = create_app(engine, tau, args.admit_wait)
+  app = create_app(engine, tau, args.admit_wait, bounds)
   d = engine.default
   print(f"cardjax serve: model {engine.name!r} (objective {engine.objective or 'unknown'}), "
         f"method {d.method}" + (f" B={d.block}" if d.method != "ar" else "") +
