@@ -11,12 +11,14 @@ import asyncio
 import contextlib
 import json
 import time
+import traceback
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from cardjax.serve import protocol
+from cardjax.serve import protocol, scoring
 from cardjax.serve.engine import Engine
+from cardjax.serve.limits import Limits
 from cardjax.serve.metrics import Metrics
 from cardjax.serve.protocol import APIError
 from cardjax.serve.scheduler import Job, Scheduler
@@ -28,7 +30,8 @@ DISCONNECT_POLL_S = 0.5
 
 
 def create_app(engine: Engine, tau: TauControl | None = None,
-               admit_wait: float = 0.1) -> FastAPI:
+               admit_wait: float = 0.1, limits: Limits | None = None) -> FastAPI:
+  limits = limits or Limits()
   metrics = Metrics()
   scheduler = Scheduler(engine, metrics, tau or TauControl(engine.tau), admit_wait)
 
@@ -45,8 +48,9 @@ def create_app(engine: Engine, tau: TauControl | None = None,
 
   @app.exception_handler(APIError)
   async def api_error(request, e: APIError):
-    metrics.requests.labels("bad_request").inc()
-    return JSONResponse(e.body(), status_code=e.status)
+    status = {401: "unauthorized", 429: "rejected"}.get(e.status, "bad_request")
+    metrics.requests.labels(status).inc()
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
   @app.get("/health")
   async def health():
@@ -57,7 +61,8 @@ def create_app(engine: Engine, tau: TauControl | None = None,
     return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
   @app.get("/v1/models")
-  async def models():
+  async def models(request: Request):
+    limits.check_key(request.headers.get("authorization"))
     return {"object": "list", "data": [{"id": engine.name, "object": "model", "created": 0,
                                         "owned_by": "cardjax"}]}
 
@@ -70,11 +75,16 @@ def create_app(engine: Engine, tau: TauControl | None = None,
     return await _serve(request, chat=True)
 
   async def _serve(request: Request, chat: bool):
+    limits.check_key(request.headers.get("authorization"))
+    raw = await limits.read_body(request)
     try:
-      body = json.loads(await request.body())
+      body = json.loads(raw, parse_constant=protocol.reject_constant)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
       raise APIError(400, f"the request body is not valid JSON ({e}); send a JSON object")
     parsed = protocol.parse(body, engine, chat)
+    if parsed.max_tokens == 0:  # echo alone (parse allows 0 only then): nothing to decode
+      return await _scored(protocol.new_id(chat), parsed, [[] for _ in parsed.prompts],
+                           [scoring.echo_done(p, parsed.settings) for p in parsed.prompts])
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
     jobs = []
@@ -86,6 +96,7 @@ def create_app(engine: Engine, tau: TauControl | None = None,
           pass
       jobs.append(Job(prompt, parsed.settings, parsed.max_tokens,
                       TextStream(engine.tokenizer, parsed.stop), sink))
+    limits.check_queue(scheduler.waiting(), len(jobs))  # no await since: nothing slips in
     for job in jobs:
       scheduler.submit(job)
     rid = protocol.new_id(chat)
@@ -110,7 +121,21 @@ def create_app(engine: Engine, tau: TauControl | None = None,
       for i, job in enumerate(jobs):
         if i not in dones:
           scheduler.cancel(job)
-    return protocol.response(rid, engine.name, chat, [dones[i] for i in range(len(jobs))])
+    done = [dones[i] for i in range(len(jobs))]
+    if parsed.logprobs is not None or parsed.echo:  # the decode thread is done with jobs
+      return await _scored(rid, parsed, [job.tokens for job in jobs], done)
+    return protocol.response(rid, engine.name, chat, done)
+
+  async def _scored(rid: str, parsed, completions: list, dones: list[dict]):
+    """The response with logprobs and echo (scoring.py): the scoring forward runs on a
+    worker thread, so the loop serves other requests meanwhile."""
+    try:
+      dones = await asyncio.to_thread(scoring.annotate, engine, parsed, completions, dones)
+    except Exception as e:  # a device failure: this request fails, the server serves on
+      traceback.print_exc()
+      return JSONResponse(APIError(500, f"scoring failed: {e}", kind="server_error").body(),
+                          status_code=500)
+    return protocol.response(rid, engine.name, parsed.chat, dones)
 
   async def _events(request: Request, events: asyncio.Queue):
     """The jobs' events as they come, ending early when the client has gone: checked

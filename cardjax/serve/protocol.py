@@ -12,8 +12,10 @@ import time
 import uuid
 
 from cardjax.errors import CardjaxError
+from cardjax.serve.scoring import TOP as TOP_LOGPROBS  # OpenAI's limit on logprobs too
 
 EXTENSION = ("method", "tau", "block", "verify", "rule", "ignore_eos")
+ROLES = ("system", "user", "assistant")  # the turns a chat template renders
 # Accepted and ignored: they change nothing cardjax computes.
 IGNORED = ("user", "frequency_penalty", "presence_penalty", "logit_bias", "stream_options",
            "response_format", "metadata", "store", "service_tier", "parallel_tool_calls")
@@ -21,10 +23,12 @@ IGNORED = ("user", "frequency_penalty", "presence_penalty", "logit_bias", "strea
 
 class APIError(Exception):
   def __init__(self, status: int, message: str, param: str | None = None,
-               kind: str = "invalid_request_error", code: str | None = None):
+               kind: str = "invalid_request_error", code: str | None = None,
+               headers: dict | None = None):
     super().__init__(message)
     self.status, self.message, self.param, self.kind, self.code = (status, message, param,
                                                                    kind, code)
+    self.headers = headers  # e.g. Retry-After on a 429
 
   def body(self) -> dict:
     return {"error": {"message": self.message, "type": self.kind, "param": self.param,
@@ -41,6 +45,17 @@ class Parsed:
   stream: bool
   include_usage: bool
   chat: bool
+  # /v1/completions' legacy `logprobs` (top alternatives per token, 0..5; None: no
+  # logprobs) and `echo`; `sources`: each prompt as sent (text or ids), echoed back.
+  logprobs: int | None = None
+  echo: bool = False
+  sources: list = dataclasses.field(default_factory=list)
+
+
+def reject_constant(name: str):
+  """json.loads' hook for NaN, Infinity and -Infinity (Python's json reads them; JSON
+  has no such numbers, and a NaN would pass every range check)."""
+  raise APIError(400, f"the request body holds {name}: every number must be finite")
 
 
 def _number(body: dict, key: str, default, kind=float, low=None, high=None, low_open=False):
@@ -67,18 +82,21 @@ def parse(body, engine, chat: bool) -> Parsed:
                         f"{engine.name!r} (GET /v1/models)", "model", code="model_not_found")
   if body.get("n", 1) != 1:
     raise APIError(400, f"n={body['n']!r}: cardjax serves one choice per prompt (n=1)", "n")
-  for key in ("logprobs", "top_logprobs", "tools", "functions", "suffix"):
+  for key in ("tools", "functions", "suffix"):
     if body.get(key) not in (None, False, 0):
       raise APIError(400, f"{key} is not supported by cardjax serve; drop it", key)
-  if body.get("echo") or body.get("best_of", 1) not in (1, None):
-    raise APIError(400, "echo and best_of are not supported by cardjax serve; drop them")
+  logprobs, echo = _logprobs_echo(body, chat)
+  if body.get("best_of", 1) not in (1, None):
+    raise APIError(400, "best_of is not supported by cardjax serve; drop it", "best_of")
   temperature = _number(body, "temperature", 0.0, low=0.0, high=2.0)
   top_p = _number(body, "top_p", 1.0, low=0.0, high=1.0, low_open=True)
   seed = _number(body, "seed", None, kind=int)
   max_key = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
   max_tokens = _number(body, max_key, engine.max_tokens, kind=int)
-  if max_tokens <= 0:
-    raise APIError(400, f"{max_key}={max_tokens} must be >= 1", max_key)
+  if max_tokens < 0 or (max_tokens == 0 and not echo):  # 0 with echo: score the prompt
+    raise APIError(400, f"{max_key}={max_tokens} must be >= 1" +
+                   ("" if chat else " (or 0 with echo: true, to score the prompt alone)"),
+                   max_key)
   stop = body.get("stop") or []
   stop = [stop] if isinstance(stop, str) else stop
   if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > 4:
@@ -114,7 +132,38 @@ def parse(body, engine, chat: bool) -> Parsed:
                      code="context_length_exceeded")
   options = body.get("stream_options") or {}
   return Parsed(prompts, settings, max_tokens, stop, bool(body.get("stream", False)),
-                bool(isinstance(options, dict) and options.get("include_usage")), chat)
+                bool(isinstance(options, dict) and options.get("include_usage")), chat,
+                logprobs=logprobs, echo=echo, sources=list(texts))
+
+
+def _logprobs_echo(body: dict, chat: bool) -> tuple[int | None, bool]:
+  """(logprobs, echo): /v1/completions' legacy fields, checked. They are scored after the
+  completion ends (scoring.py), so they are not streamed."""
+  if chat:
+    for key in ("logprobs", "top_logprobs", "echo"):
+      if body.get(key) not in (None, False, 0):
+        raise APIError(400, f"{key} is not supported on /v1/chat/completions; use "
+                            "/v1/completions with logprobs=N (0..5) and echo", key)
+    return None, False
+  if body.get("top_logprobs") is not None:
+    raise APIError(400, "top_logprobs is a chat field; /v1/completions takes logprobs=N, "
+                        "the number of top alternatives per token (0..5)", "top_logprobs")
+  logprobs, echo = body.get("logprobs"), body.get("echo")
+  if logprobs is False:  # some clients send false for "none"
+    logprobs = None
+  if logprobs is not None:
+    if isinstance(logprobs, bool) or not isinstance(logprobs, int):
+      raise APIError(400, f"logprobs={logprobs!r} must be an integer: the number of top "
+                          "alternatives per token, 0..5", "logprobs")
+    if not 0 <= logprobs <= TOP_LOGPROBS:
+      raise APIError(400, f"logprobs={logprobs}: at most {TOP_LOGPROBS} top alternatives per "
+                          f"token (OpenAI's limit); ask for 0..{TOP_LOGPROBS}", "logprobs")
+  if echo is not None and not isinstance(echo, bool):
+    raise APIError(400, f"echo={echo!r} must be true or false", "echo")
+  if (logprobs is not None or echo) and body.get("stream"):
+    raise APIError(400, "logprobs and echo are not streamed (the tokens are scored once the "
+                        "completion ends): set stream false", "stream")
+  return logprobs, bool(echo)
 
 
 def _completion_prompts(body: dict, engine) -> list:
@@ -144,6 +193,9 @@ def _chat_prompt(body: dict, engine) -> list[str]:
       content = "".join(c.get("text", "") for c in content)
     if not isinstance(content, str) or not isinstance(m.get("role"), str):
       raise APIError(400, "each message needs a string role and string content", "messages")
+    if m["role"] not in ROLES:
+      raise APIError(400, f"message role {m['role']!r} is not one of {', '.join(ROLES)}: "
+                          "fold other turns (tool, function) into a user message", "messages")
     clean.append({"role": m["role"], "content": content})
   try:
     return [engine.tokenizer.render_chat(clean, add_generation_prompt=True)]
@@ -173,7 +225,7 @@ def response(rid: str, model: str, chat: bool, dones: list[dict]) -> dict:
                for i, d in enumerate(dones)]
   else:
     choices = [{"index": i, "text": d["text"], "finish_reason": d["finish_reason"],
-                "logprobs": None} for i, d in enumerate(dones)]
+                "logprobs": d.get("logprobs")} for i, d in enumerate(dones)]
   return {"id": rid, "object": "chat.completion" if chat else "text_completion",
           "created": int(time.time()), "model": model, "choices": choices,
           "usage": usage(dones), "cardjax": [d["cardjax"] for d in dones]}
