@@ -45,7 +45,8 @@ def _inverse_cdf(weights, target):
 
 def _cut_bits(weights, mass):
   """Per row, the float32 bits of the smallest weight the nucleus keeps: the largest t
-  with sum(weights >= t) >= mass (bisection over the bit patterns of [0, 1])."""
+  with sum(weights >= t) >= mass (bisection over the bit patterns of [0, 1]; positive
+  floats order as their bits)."""
   bits = lax.bitcast_convert_type(weights, jnp.int32)
   lo = jnp.zeros(weights.shape[:-1], jnp.int32)  # every weight >= 0: the whole mass
   hi = jnp.full(weights.shape[:-1], 0x3F800001, jnp.int32)  # past 1.0: no weight
@@ -57,13 +58,16 @@ def _cut_bits(weights, mass):
     return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
 
   lo, _ = lax.fori_loop(0, 31, halve, (lo, hi))
-  return lo, bits
+  return lo
 
 
 def _sample_wide(weights, mass, u):
   """Draws for rows whose nucleus is cut by bisection (mass: top_p, or above 1 for no cut)."""
   n, vocab = weights.shape
-  cut, bits = _cut_bits(weights, jnp.minimum(mass, 1.0))
+  bits = lax.bitcast_convert_type(weights, jnp.int32)
+  # The bisection only where a row has a cut to find (top_p 1 keeps every token).
+  cut = lax.cond(jnp.any(mass <= 1.0), lambda: _cut_bits(weights, jnp.minimum(mass, 1.0)),
+                 lambda: jnp.zeros((n,), jnp.int32))
   kept = jnp.where((bits >= cut[:, None]) | (mass[:, None] > 1.0), weights, 0.0)
   blocks = -(-vocab // BLOCK)
   kept_b = jnp.pad(kept, ((0, 0), (0, blocks * BLOCK - vocab))).reshape(n, blocks, BLOCK)
@@ -78,7 +82,9 @@ def _sample_wide(weights, mass, u):
 
 def _sample(logits, u, temperature, top_p):
   """Nucleus draws for every row of logits [n, vocab] (temperature > 0 assumed)."""
-  scaled = logits.astype(jnp.float32) / jnp.maximum(temperature, 1e-6)[:, None]
+  # Greedy rows (their draw is dropped) at temperature 1: dividing by ~0 would fill them
+  # with subnormal weights, which cost a CPU several times a normal float.
+  scaled = logits.astype(jnp.float32) / jnp.where(temperature > 0, temperature, 1.0)[:, None]
   weights = jnp.exp(scaled - jnp.max(scaled, axis=-1, keepdims=True))
   weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
   # top_p 1 keeps the whole vocabulary: no cut (mass 2 marks it for _sample_wide).
@@ -86,7 +92,9 @@ def _sample(logits, u, temperature, top_p):
   k = min(TOP_K, weights.shape[-1])
   top, index = lax.top_k(weights, k)
   keep = (jnp.cumsum(top, axis=-1) - top) < mass[:, None]
-  narrow = ~keep[:, -1]  # the nucleus ended inside the top k
+  # The nucleus ended inside the top k (a greedy row takes its argmax in `sample`: it
+  # must not send the batch down the wide path).
+  narrow = ~keep[:, -1] | (temperature <= 0)
   kept = jnp.where(keep, top, 0.0)
   pick = _inverse_cdf(kept, u * kept.sum(axis=-1))
   token = jnp.take_along_axis(index, pick[:, None], axis=-1)[:, 0]
