@@ -4,14 +4,16 @@
       [--requests 4] [--max-tokens 32] [--batch-sizes 1,4,16,64] [--chunk 16]
       [--schedulers continuous,continuous-full,chunked] [--slots 256] [--span-min 64]
       [--variants '|--prefix-page 0|--prefix-page 0 --prefill-rows 1']
-      [--url http://127.0.0.1:8000] [--out runs/serve_bench]
+      [--sampling greedy,mixed,sampled] [--url http://127.0.0.1:8000] [--out runs/serve_bench]
 
 For each method it starts a server on a free loopback port with --warmup-width (every
 compiled batch size and prompt width is built before serving; or, with --url, it uses the
 server running there with whatever method it serves), then runs each level: C client threads, each
 sending --requests chat completions one after another (arithmetic questions, greedy,
 ignore_eos so every request writes exactly --max-tokens tokens and the levels compare like
-for like). --schedulers runs each method once per scheduler: `continuous` (rows keep their
+for like; --sampling: each level once per setting, in turn: `greedy`, `sampled`
+(temperature 0.7, top_p 0.9, no seed) or `mixed` (odd-numbered clients sampled, the others
+greedy), which share the server's steps). --schedulers runs each method once per scheduler: `continuous` (rows keep their
 KV cache, `cardjax serve --slots N --span-min S`: a step reads only the span its rows
 reach), `continuous-full` (the same with `--span-min 0`: every step reads all N slots) and
 `chunked` (`--slots 0`: every chunk re-prefills its rows). --variants runs each of those
@@ -97,9 +99,15 @@ def start(run: Path, method: str, scheduler: str, variant: str,
   raise SystemExit("the server did not start within 20 minutes")
 
 
-def ask(url: str, model: str, question: str, max_tokens: int) -> tuple[float, dict]:
+SAMPLINGS = ("greedy", "sampled", "mixed")
+SAMPLED = {"temperature": 0.7, "top_p": 0.9}
+
+
+def ask(url: str, model: str, question: str, max_tokens: int,
+        sampled: bool = False) -> tuple[float, dict]:
   body = {"model": model, "messages": [{"role": "user", "content": question}],
-          "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+          "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+          **(SAMPLED if sampled else {})}
   request = urllib.request.Request(url + "/v1/chat/completions",
                                    data=json.dumps(body).encode(),
                                    headers={"Content-Type": "application/json"})
@@ -110,7 +118,7 @@ def ask(url: str, model: str, question: str, max_tokens: int) -> tuple[float, di
 
 
 def level(url: str, model: str, clients: int, requests: int, max_tokens: int,
-          seed: int) -> dict:
+          seed: int, sampling: str = "greedy") -> dict:
   rng = random.Random(seed)
   questions = [f"What is {rng.randint(1, 999)} + {rng.randint(1, 999)}?"
                for _ in range(clients * requests)]
@@ -121,7 +129,8 @@ def level(url: str, model: str, clients: int, requests: int, max_tokens: int,
     for i, q in enumerate(questions[k * requests:(k + 1) * requests]):
       sent = time.perf_counter()
       firsts[k] = firsts[k] if i else sent
-      seconds, usage = ask(url, model, q, max_tokens)
+      sampled = sampling == "sampled" or (sampling == "mixed" and k % 2 == 1)
+      seconds, usage = ask(url, model, q, max_tokens, sampled)
       lasts[k] = sent + seconds
       with lock:
         latencies.append(seconds)
@@ -210,8 +219,14 @@ def main() -> None:
                       help="before each level, run it once with one request per client, "
                            "unrecorded: the small programs a server compiles on first use (row "
                            "puts, tier and span gathers) are then not in the measured pass")
+  parser.add_argument("--sampling", default="greedy",
+                      help="comma-separated: greedy, sampled (temperature 0.7, top_p 0.9), "
+                           "mixed (half the clients each); each level runs once per setting")
   parser.add_argument("--out", default="runs/serve_bench")
   args = parser.parse_args()
+  samplings = args.sampling.split(",")
+  if not set(samplings) <= set(SAMPLINGS):
+    raise SystemExit(f"--sampling={args.sampling!r}: each must be one of {SAMPLINGS}")
   os.chdir(ROOT)
   # The servers keep their compiled programs here: a rerun skips the warm-up compiles.
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(args.out).resolve() / "xla"))
@@ -240,11 +255,14 @@ def main() -> None:
       for c in levels:
         if args.warm_levels:  # each level's shapes (tiers, spans, gathers) once, unrecorded
           level(url, name, c, 1, args.max_tokens, seed=1000 + c)
-        before = scrape(url)
-        row = dict(method=method, **level(url, name, c, args.requests, args.max_tokens, c))
-        row.update(server_use(before, scrape(url), row["wall_s"]))
-        print(json.dumps(row), flush=True)
-        results.append(row)
+        for sampling in samplings:  # in turn: the settings compare within minutes
+          label = f"{method} {sampling}" if len(samplings) > 1 else method
+          before = scrape(url)
+          row = dict(method=label, sampling=sampling,
+                     **level(url, name, c, args.requests, args.max_tokens, c, sampling))
+          row.update(server_use(before, scrape(url), row["wall_s"]))
+          print(json.dumps(row), flush=True)
+          results.append(row)
     finally:
       if proc is not None:
         proc.terminate()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import orbax.checkpoint as ocp
@@ -83,3 +85,19 @@ def start_server(run, *args: str, timeout: float = 180.0):
 def metric(url: str, name: str) -> float:
   """A sample's value from /metrics (name with its labels, as Prometheus prints it)."""
   return scrape(url).get(name, 0.0)
+
+
+def post(url: str, body, route: str = "/v1/completions", key: str | None = None,
+         timeout: float = 120):
+  """(status, JSON answer, headers) of a POST of `body` (a dict, or raw bytes) to `route`,
+  with `Authorization: Bearer key` when a key is given; 4xx/5xx answers are returned too."""
+  data = body if isinstance(body, bytes) else json.dumps(body).encode()
+  headers = {"Content-Type": "application/json"}
+  if key is not None:
+    headers["Authorization"] = f"Bearer {key}"
+  request = urllib.request.Request(url + route, data=data, headers=headers)
+  try:
+    with urllib.request.urlopen(request, timeout=timeout) as r:
+      return r.status, json.loads(r.read()), r.headers
+  except urllib.error.HTTPError as e:
+    return e.code, json.loads(e.read()), e.headers

@@ -6,12 +6,10 @@ serving, a client that leaves mid-stream frees its row."""
 import concurrent.futures
 import json
 import time
-import urllib.error
-import urllib.request
 
 import openai
 import pytest
-from serve_helpers import mars_run, metric, start_server
+from serve_helpers import mars_run, metric, post, start_server
 
 from cardjax import checkpoint
 from cardjax.decoding.methods import Options, make_decoder
@@ -168,13 +166,7 @@ def test_metrics_count_a_decode_call_before_its_answer_returns(client, server):
 
 
 def _post(url, body: bytes):
-  request = urllib.request.Request(url + "/v1/completions", data=body,
-                                   headers={"Content-Type": "application/json"})
-  try:
-    with urllib.request.urlopen(request, timeout=30) as r:
-      return r.status, json.loads(r.read())
-  except urllib.error.HTTPError as e:
-    return e.code, json.loads(e.read())
+  return post(url, body, timeout=30)[:2]
 
 
 def test_bad_requests_get_4xx_and_the_server_keeps_serving(client, server):

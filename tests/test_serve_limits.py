@@ -10,6 +10,7 @@ import urllib.request
 import httpx2
 import openai
 import pytest
+import serve_helpers
 from serve_helpers import mars_run, start_server
 
 from cardjax.cli import main
@@ -28,15 +29,7 @@ def server(tmp_path_factory):
 
 
 def post(url, body: bytes, key: str | None = KEY, path="/v1/completions"):
-  headers = {"Content-Type": "application/json"}
-  if key is not None:
-    headers["Authorization"] = f"Bearer {key}"
-  request = urllib.request.Request(url + path, data=body, headers=headers)
-  try:
-    with urllib.request.urlopen(request, timeout=60) as r:
-      return r.status, json.loads(r.read()), r.headers
-  except urllib.error.HTTPError as e:
-    return e.code, json.loads(e.read()), e.headers
+  return serve_helpers.post(url, body, path, key, timeout=60)
 
 
 def body(**kw) -> bytes:

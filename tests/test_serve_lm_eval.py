@@ -7,10 +7,7 @@ import json
 import subprocess
 import sys
 
-import pytest
 from serve_helpers import mars_run, start_server
-
-pytest.importorskip("lm_eval")
 
 # nats, per choice (a sum over its tokens): the server's JAX forward and transformers'
 # torch forward are the same fp32 model summed in different orders, so they agree to

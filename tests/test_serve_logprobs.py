@@ -3,13 +3,9 @@ checkpoint. Every reported log-probability equals a numpy log_softmax of the mod
 full-sequence logits computed in this process, for the prompt (echo, max_tokens 0) and for
 the tokens AR and MARS generate (AR order whatever the method); bad uses get 400."""
 
-import json
-import urllib.error
-import urllib.request
-
 import numpy as np
 import pytest
-from serve_helpers import mars_run, start_server
+from serve_helpers import mars_run, post, start_server
 
 from cardjax import checkpoint
 from cardjax.decoding.methods import Options, make_decoder
@@ -51,13 +47,7 @@ def reference(server):
 
 
 def _post(url, body: dict, route="/v1/completions"):
-  request = urllib.request.Request(url + route, data=json.dumps(body).encode(),
-                                   headers={"Content-Type": "application/json"})
-  try:
-    with urllib.request.urlopen(request, timeout=120) as r:
-      return r.status, json.loads(r.read())
-  except urllib.error.HTTPError as e:
-    return e.code, json.loads(e.read())
+  return post(url, body, route)[:2]
 
 
 def _check_scores(tok, lp, ids, logprobs, top, first):
