@@ -5,9 +5,9 @@ give for the whole prompt."""
 import pytest
 
 from cardjax.decoding import ar, mars
-from cardjax.decoding.prefixes import PrefixStore, common_length
-from cardjax.decoding.slots import SlotPool
 from cardjax.errors import CardjaxError
+from cardjax.serve.pool.prefixes import PrefixStore, common_length
+from cardjax.serve.pool.slots import SlotPool
 from decoding_helpers import MASK, tiny_model
 
 N = 8

@@ -6,8 +6,8 @@ reuse."""
 import pytest
 
 from cardjax.decoding import ar, mars
-from cardjax.decoding.slots import Sampling, SlotPool
 from cardjax.errors import CardjaxError
+from cardjax.serve.pool.slots import Sampling, SlotPool
 from decoding_helpers import MASK, PROMPTS, tiny_model
 
 N = 9  # tokens per request

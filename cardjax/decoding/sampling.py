@@ -17,8 +17,8 @@ forward of a 135M model. So nothing here sorts the vocabulary:
     in two levels (blocks of BLOCK tokens, then one block).
 Each row draws with one uniform number u in [0, 1): the token at which the kept mass,
 accumulated in the order above, passes u times the kept total. The caller owns u, so a
-row's draw depends on its own key only (slots.py keys it by the row's seed and position:
-the same request samples the same tokens whatever rows share its step).
+row's draw depends on its own key only (serve/pool/slots.py keys it by the row's seed and
+position: the same request samples the same tokens whatever rows share its step).
 
 Rows at temperature 0 take the argmax; a batch with no sampling row skips all of this.
 Exact ties at the nucleus' edge are all kept (a sort would keep an arbitrary subset).

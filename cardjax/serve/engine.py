@@ -2,7 +2,7 @@
 chunked decode calls for the methods that cannot.
 
 Continuous (AR and MARS threshold decoding, greedy or sampled, seeded or not): one
-`SlotPool` (cardjax/decoding/slots.py) per (method, block, rule, stop ids), each row
+`SlotPool` (cardjax/serve/pool/slots.py) per (method, block, rule, stop ids), each row
 holding one request's KV cache for its whole life, `slots` slots long (--slots: the longest
 prompt + completion a request can reach). A request is prefilled once, when it is admitted,
 and then decodes in every step of its pool until it ends; rows join and leave between
@@ -70,8 +70,8 @@ class Engine:
     from cardjax.decoding import prompts
     from cardjax.decoding.cli import resolve_block
     from cardjax.decoding.frozen import freeze
-    from cardjax.decoding.prefixes import PAGE
-    from cardjax.decoding.slots import PREFILL_ROWS, check_pool_options
+    from cardjax.serve.pool.prefixes import PAGE
+    from cardjax.serve.pool.slots import PREFILL_ROWS, check_pool_options
 
     # None: the pool's own defaults (slots.PREFILL_ROWS, prefixes.PAGE).
     prefill_rows = PREFILL_ROWS if prefill_rows is None else prefill_rows
@@ -192,7 +192,7 @@ class Engine:
 
   def pool(self, s: Settings):
     """The SlotPool of these (continuous) settings, built on first use."""
-    from cardjax.decoding.slots import SlotPool
+    from cardjax.serve.pool.slots import SlotPool
 
     key = s.pool_key()
     if key not in self.pools:
@@ -209,7 +209,7 @@ class Engine:
   def prefixes(self):
     """The PrefixStore every pool shares (a prefix's KV does not depend on the method),
     holding the chat template's opening from the start."""
-    from cardjax.decoding.prefixes import PrefixStore
+    from cardjax.serve.pool.prefixes import PrefixStore
 
     if self._prefixes is None:
       self._prefixes = PrefixStore(self.model, self.prefix_page)
@@ -221,8 +221,8 @@ class Engine:
   def chat_prefix(self) -> list[int]:
     """The tokens every chat prompt of one user message starts with, whatever it says:
     the chat template's opening (its default system turn). The pools store its KV from
-    the start (prefixes.py), at its exact length rather than in pages."""
-    from cardjax.decoding.prefixes import common_length
+    the start (pool/prefixes.py), at its exact length rather than in pages."""
+    from cardjax.serve.pool.prefixes import common_length
 
     t = self.tokenizer
     try:

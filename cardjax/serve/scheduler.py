@@ -73,7 +73,7 @@ class Job:
 
   def sampling(self, fresh: int):
     """Its row's sampling settings; `fresh`: the seed of a sampled request without one."""
-    from cardjax.decoding.slots import Sampling
+    from cardjax.serve.pool.slots import Sampling
 
     s = self.settings
     if s.temperature == 0:

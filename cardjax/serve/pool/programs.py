@@ -18,8 +18,8 @@ from flax import nnx
 
 from cardjax.decoding.mars import judge_window, window_inputs
 from cardjax.decoding.sampling import row_uniforms, sample
-from cardjax.decoding.prefixes import prepend
 from cardjax.model.cache import EMPTY_SEGMENT, KVCache
+from cardjax.serve.pool.prefixes import prepend
 
 
 @dataclasses.dataclass
@@ -31,8 +31,8 @@ class Rows:
   live: jax.Array  # [rows] bool: decoding (admitted, not stopped)
   tau: jax.Array  # [rows] float32, MARS
   budget: jax.Array  # [rows] tokens the row may still produce
-  # Sampling, per row (sampling.py): greedy at temperature 0; draws keyed by the row's
-  # seed and position, so a row samples the same tokens whatever rows share its steps.
+  # Sampling, per row (decoding/sampling.py): greedy at temperature 0; draws keyed by the
+  # row's seed and position, so a row samples the same tokens whatever rows share its steps.
   temperature: jax.Array  # [rows] float32
   top_p: jax.Array  # [rows] float32
   seed: jax.Array  # [rows] uint32
@@ -147,7 +147,7 @@ def step(graphdef, params, cache: KVCache, rows: Rows, stop_ids, pad_id, mask_id
   def mars_body(carry):
     cache, rows, out, count, n, used = carry
     live = rows.live
-    # mars.py's full window: all B pending slots, so one program whatever a row keeps.
+    # decoding/mars.py's full window: all B pending slots, one program whatever a row keeps.
     ids, pos, seg, need = window_inputs(rows.pending, rows.n_pending, rows.committed, mask_id,
                                         block, block)
     start = cache.index

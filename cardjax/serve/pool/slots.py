@@ -1,9 +1,9 @@
 """Rows that keep their KV cache between decode calls: continuous batching for AR and MARS.
 
-The one-shot decoders (ar.py, mars.py) prefill a batch, decode it to the end and drop the
-cache. A server whose requests arrive and finish at different times would then re-prefill
-every row at every call. A `SlotPool` instead owns a cache of `rows x slots` that lives
-across calls:
+The one-shot decoders (decoding/ar.py, mars.py) prefill a batch, decode it to the end and
+drop the cache. A server whose requests arrive and finish at different times would then
+re-prefill every row at every call. A `SlotPool` instead owns a cache of `rows x slots`
+that lives across calls:
 
   admit_many([(key, prompt, tau, max_new_tokens[, Sampling]), ...])
                        prefill prompts into free rows (one forward per prompt width for up to
@@ -20,7 +20,7 @@ seed and position (sampling.row_uniforms), not by the step, so a seeded request 
 same tokens alone or beside others.
 
 AR feeds one token per row per forward. MARS reads the full window [B pending | B masks]
-per row (mars.py's "full" window: every forward writes 2B slots from the row's index, so
+per row (decoding/mars.py's "full" window: every forward writes 2B slots from the row's index, so
 the next window, which starts after the kept pending tokens, covers all of this one's
 scratch) and accepts per row by its own tau. A row stops by itself at a stop token, at its
 token budget, or when its next window would not fit the slots ("full": the caller finishes
@@ -58,14 +58,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cardjax.decoding import slot_programs as programs
 from cardjax.decoding.frozen import freeze
 from cardjax.decoding.mars import check_args
-from cardjax.decoding.prefixes import PAGE, PrefixStore
 from cardjax.decoding.prompts import BUCKET, left_pad
-from cardjax.decoding.slot_programs import Rows
 from cardjax.errors import CardjaxError
 from cardjax.model.cache import KVCache
+from cardjax.serve.pool import programs
+from cardjax.serve.pool.prefixes import PAGE, PrefixStore
+from cardjax.serve.pool.programs import Rows
 
 METHODS = ("ar", "mars")
 
