@@ -52,7 +52,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from cardjax.attention.kernel_checks import call_reason, check_inputs
 from cardjax.attention.masks import MaskSpec
-from cardjax.attention.pallas_gpu import HEAD_DIMS, MIN_BLOCK, _dot, _pow2_block
+from cardjax.attention.pallas_common import HEAD_DIMS, MIN_BLOCK, dot, pow2_block
 
 # 64 x 64 tiles: q, the f32 accumulator and one k/v tile fit in registers for head_dim 128
 # (as pallas_gpu's forward); a decode step's few rows are padded to 16 only, not to 64.
@@ -125,14 +125,14 @@ def _kernel(range_ref, q_ref, k_ref, v_ref, qp_ref, qs_ref, qg_ref, kp_ref, ks_r
     kp, ks, kg = (plgpu.load(r.at[keys], mask=inside, other=0) for r in (kp_ref, ks_ref, kg_ref))
     ok = spec.allowed(qp[:, None], kp[None, :], qs[:, None], ks[None, :], qg[:, None],
                       kg[None, :]) & inside[None, :]
-    s = jnp.where(ok, _dot(q, k, trans_b=True) * scale, -jnp.inf)
+    s = jnp.where(ok, dot(q, k, trans_b=True) * scale, -jnp.inf)
     m_new = jnp.maximum(m, jnp.max(s, axis=1))
     # While a row has seen no visible key its max is -inf; subtracting 0 instead keeps
     # exp(-inf - 0) = 0 rather than exp(-inf + inf) = NaN.
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
     p = jnp.exp(s - m_safe[:, None])
     alpha = jnp.exp(m - m_safe)
-    acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v)
+    acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v)
     return acc, m_new, l * alpha + jnp.sum(p, axis=1)
 
   rows, d = q.shape
@@ -175,7 +175,7 @@ def pallas_decode_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpre
   kvh, slots = k.shape[1], k.shape[2]
   g = h // kvh
   block_r = max(MIN_BLOCK, min(BLOCK_R, pl.next_power_of_2(tq * g)))
-  block_k = _pow2_block(block_k, BLOCK_K, slots)
+  block_k = pow2_block(block_k, BLOCK_K, slots)
   nr, nk = -(-tq * g // block_r), -(-slots // block_k)
   if num_splits is None:
     num_splits = max(1, min(nk // MIN_TILES_PER_SPLIT, -(-TARGET_PROGRAMS // (b * kvh * nr))))

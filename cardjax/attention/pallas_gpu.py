@@ -53,12 +53,13 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 from cardjax.attention.kernel_checks import call_reason, check_inputs
 from cardjax.attention.masks import CLEAN, NOISY, MaskSpec
+from cardjax.attention.pallas_common import (HEAD_DIMS, compiler_params, dot, pad_len,
+                                             pow2_block, visible, walk)
+from cardjax.attention.pallas_gpu_bwd import backward
 
 EMPTY, PARTIAL, FULL = 0, 1, 2  # the values of cardjax.attention.tiles
 # Forward tiles: 128 queries x 64 keys keeps q, the f32 accumulator and one k/v tile in
@@ -66,8 +67,6 @@ EMPTY, PARTIAL, FULL = 0, 1, 2  # the values of cardjax.attention.tiles
 # and dk/dv kernels hold two accumulators' worth of operands.
 BLOCK_Q, BLOCK_K = 128, 64
 BWD_BLOCK_Q, BWD_BLOCK_K = 64, 64
-MIN_BLOCK = 16  # Triton's dot needs every operand dimension >= 16
-HEAD_DIMS = (16, 32, 64, 128)
 
 
 def unsupported_reason(spec, q_len: int, k_len: int, head_dim: int) -> str | None:
@@ -82,16 +81,6 @@ def unsupported_reason(spec, q_len: int, k_len: int, head_dim: int) -> str | Non
 
 
 # --------------------------------------------------------------------------- tile tables
-
-
-def _pow2_block(requested: int | None, default: int, length: int) -> int:
-  """The tile size along one axis: the request, or the default shrunk for short inputs."""
-  if requested is None:
-    return max(MIN_BLOCK, min(default, pl.next_power_of_2(length)))
-  if requested < MIN_BLOCK or requested & (requested - 1):
-    raise ValueError(f"tile size {requested} must be a power of two >= {MIN_BLOCK}; "
-                     f"pass block_q / block_k such as 64 or 128, or None for the default")
-  return requested
 
 
 def _at_most(requested: int | None, limit: int) -> int | None:
@@ -203,30 +192,6 @@ def visit_fractions(classes) -> dict:
 # --------------------------------------------------------------------------- kernels
 
 
-def _dot(a, b, trans_a=False, trans_b=False):
-  """a @ b with float32 accumulation; float32 operands use full precision (no TF32)."""
-  dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
-  precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
-  return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
-
-
-def _visible(spec: MaskSpec, q_meta, k_meta, k_start, k_len: int):
-  """[block_q, block_k] mask of a PARTIAL tile: the predicate on the real metadata, and
-  no key slot past the real length."""
-  (qp, qs, qg), (kp, ks, kg) = q_meta, k_meta
-  ok = spec.allowed(qp[:, None], kp[None, :], qs[:, None], ks[None, :], qg[:, None], kg[None, :])
-  k_idx = k_start + lax.broadcasted_iota(jnp.int32, (1, kp.shape[0]), 1)
-  return ok & (k_idx < k_len)
-
-
-def _walk(table_ref, body, carry):
-  """Run body(tile, carry, masked) over the FULL then the PARTIAL entries of a table row."""
-  n_full, n_partial = table_ref[0], table_ref[1]
-  carry = lax.fori_loop(0, n_full, lambda i, c: body(table_ref[2 + i], c, False), carry)
-  return lax.fori_loop(n_full, n_full + n_partial,
-                       lambda i, c: body(table_ref[2 + i], c, True), carry)
-
-
 def _fwd_kernel(table_ref, q_ref, k_ref, v_ref, qp_ref, qs_ref, qg_ref, kp_ref, ks_ref, kg_ref,
                 o_ref, lse_ref, *, spec, scale, block_k, k_len):
   q = q_ref[...]
@@ -238,36 +203,26 @@ def _fwd_kernel(table_ref, q_ref, k_ref, v_ref, qp_ref, qs_ref, qg_ref, kp_ref, 
     start = pl.multiple_of(tile * block_k, block_k)
     keys = pl.ds(start, block_k)
     k, v = k_ref[keys, :], v_ref[keys, :]
-    s = _dot(q, k, trans_b=True) * scale
+    s = dot(q, k, trans_b=True) * scale
     if masked:  # only PARTIAL tiles pay for the mask
       k_meta = (kp_ref[keys], ks_ref[keys], kg_ref[keys])
-      s = jnp.where(_visible(spec, q_meta, k_meta, start, k_len), s, -jnp.inf)
+      s = jnp.where(visible(spec, q_meta, k_meta, start, k_len), s, -jnp.inf)
     m_new = jnp.maximum(m, jnp.max(s, axis=1))
     # While a row has seen no visible key its max is -inf; subtracting 0 instead keeps
     # exp(-inf - 0) = 0 rather than exp(-inf + inf) = NaN.
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
     p = jnp.exp(s - m_safe[:, None])
     alpha = jnp.exp(m - m_safe)
-    acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v)
+    acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v)
     return acc, m_new, l * alpha + jnp.sum(p, axis=1)
 
   init = (jnp.zeros((block_q, d), jnp.float32), jnp.full((block_q,), -jnp.inf, jnp.float32),
           jnp.zeros((block_q,), jnp.float32))
-  acc, m, l = _walk(table_ref, body, init)
+  acc, m, l = walk(table_ref, body, init)
   empty = l == 0.0
   o_ref[...] = (acc / jnp.where(empty, 1.0, l)[:, None]).astype(o_ref.dtype)
   # +inf for rows that saw nothing: the backward's exp(s - lse) is then exactly 0.
   lse_ref[...] = jnp.where(empty, jnp.inf, m + jnp.log(jnp.where(empty, 1.0, l)))
-
-
-def _compiler_params(head_dim: int, stages: int):
-  return plgpu.CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=stages)
-
-
-def _pad_len(x, length: int):
-  pad = [(0, 0)] * x.ndim
-  pad[1] = (0, length - x.shape[1])
-  return jnp.pad(x, pad)
 
 
 def _forward(q, k, v, q_meta, k_meta, table, *, spec, block_q, block_k, interpret):
@@ -277,10 +232,10 @@ def _forward(q, k, v, q_meta, k_meta, table, *, spec, block_q, block_k, interpre
   group = h // kvh
   nq, nk = -(-tq // block_q), -(-tk // block_k)
   tq_p, tk_p = nq * block_q, nk * block_k
-  qp = _pad_len(q, tq_p)
-  kp, vp = _pad_len(k, tk_p), _pad_len(v, tk_p)
-  qm = [_pad_len(x.astype(jnp.int32), tq_p) for x in q_meta]
-  km = [_pad_len(x.astype(jnp.int32), tk_p) for x in k_meta]
+  qp = pad_len(q, tq_p)
+  kp, vp = pad_len(k, tk_p), pad_len(v, tk_p)
+  qm = [pad_len(x.astype(jnp.int32), tq_p) for x in q_meta]
+  km = [pad_len(x.astype(jnp.int32), tk_p) for x in k_meta]
   width = table.shape[-1]
   kernel = functools.partial(_fwd_kernel, spec=spec, scale=d ** -0.5, block_k=block_k,
                              k_len=tk)
@@ -296,7 +251,7 @@ def _forward(q, k, v, q_meta, k_meta, table, *, spec, block_q, block_k, interpre
       out_specs=[q_spec, pl.BlockSpec((None, None, block_q), lambda i, j, n: (j, n, i))],
       out_shape=[jax.ShapeDtypeStruct((b, tq_p, h, d), q.dtype),
                  jax.ShapeDtypeStruct((b, h, tq_p), jnp.float32)],
-      compiler_params=_compiler_params(d, stages=2),
+      compiler_params=compiler_params(d, stages=2),
       interpret=interpret,
       name="cardjax_block_sparse_attention_fwd",
   )(table, qp, kp, vp, *qm, *km)
@@ -336,10 +291,10 @@ def pallas_gpu_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret=N
     interpret = jax.default_backend() != "gpu"
   tq, tk = q.shape[1], k.shape[1]
   cfg = Config(spec=spec, interpret=bool(interpret),
-               block_q=_pow2_block(block_q, BLOCK_Q, tq),
-               block_k=_pow2_block(block_k, BLOCK_K, tk),
-               bwd_block_q=_pow2_block(_at_most(block_q, BWD_BLOCK_Q), BWD_BLOCK_Q, tq),
-               bwd_block_k=_pow2_block(_at_most(block_k, BWD_BLOCK_K), BWD_BLOCK_K, tk))
+               block_q=pow2_block(block_q, BLOCK_Q, tq),
+               block_k=pow2_block(block_k, BLOCK_K, tk),
+               bwd_block_q=pow2_block(_at_most(block_q, BWD_BLOCK_Q), BWD_BLOCK_Q, tq),
+               bwd_block_k=pow2_block(_at_most(block_k, BWD_BLOCK_K), BWD_BLOCK_K, tk))
   q_meta, k_meta = (tuple(x.astype(jnp.int32) for x in m) for m in (q_meta, k_meta))
   # The tables depend on the metadata only: built once here, outside the differentiated
   # function, and dead code under jit when no gradient is taken.
@@ -365,7 +320,6 @@ def _attention_fwd(q, k, v, q_meta, k_meta, tables, cfg):
 
 def _attention_bwd(cfg, res, d_out):
   q, k, v, q_meta, k_meta, tables, out, lse = res
-  from cardjax.attention.pallas_gpu_bwd import backward  # noqa: PLC0415  (imports this module)
   dq, dk, dv = backward(cfg, q, k, v, q_meta, k_meta, tables, out, lse, d_out)
   zeros = lambda tree: jax.tree.map(  # noqa: E731  integer inputs take float0 cotangents
       lambda x: np.zeros(x.shape, jax.dtypes.float0), tree)

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from cardjax.attention.pallas_gpu import (_compiler_params, _dot, _pad_len, _visible, _walk)
+from cardjax.attention.pallas_common import compiler_params, dot, pad_len, visible, walk
 
 
 def _dq_kernel(table_ref, q_ref, do_ref, lse_ref, delta_ref, k_ref, v_ref, qp_ref, qs_ref, qg_ref,
@@ -38,14 +38,14 @@ def _dq_kernel(table_ref, q_ref, do_ref, lse_ref, delta_ref, k_ref, v_ref, qp_re
     start = pl.multiple_of(tile * block_k, block_k)
     keys = pl.ds(start, block_k)
     k, v = k_ref[keys, :], v_ref[keys, :]
-    p = jnp.exp(_dot(q, k, trans_b=True) * scale - lse[:, None])
+    p = jnp.exp(dot(q, k, trans_b=True) * scale - lse[:, None])
     if masked:
       k_meta = (kp_ref[keys], ks_ref[keys], kg_ref[keys])
-      p = jnp.where(_visible(spec, q_meta, k_meta, start, k_len), p, 0.0)
-    ds = p * (_dot(do, v, trans_b=True) - delta[:, None])
-    return dq + _dot(ds.astype(k.dtype), k)
+      p = jnp.where(visible(spec, q_meta, k_meta, start, k_len), p, 0.0)
+    ds = p * (dot(do, v, trans_b=True) - delta[:, None])
+    return dq + dot(ds.astype(k.dtype), k)
 
-  dq = _walk(table_ref, body, jnp.zeros(q.shape, jnp.float32))
+  dq = walk(table_ref, body, jnp.zeros(q.shape, jnp.float32))
   dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
 
 
@@ -61,16 +61,16 @@ def _dkv_kernel(table_ref, k_ref, v_ref, q_ref, do_ref, lse_ref, delta_ref, kp_r
     rows = pl.ds(start, block_q)
     q, do = q_ref[rows, :], do_ref[rows, :]
     lse, delta = lse_ref[rows], delta_ref[rows]
-    p = jnp.exp(_dot(q, k, trans_b=True) * scale - lse[:, None])  # [block_q, block_k]
+    p = jnp.exp(dot(q, k, trans_b=True) * scale - lse[:, None])  # [block_q, block_k]
     if masked:
       q_meta = (qp_ref[rows], qs_ref[rows], qg_ref[rows])
-      p = jnp.where(_visible(spec, q_meta, k_meta, k_start, k_len), p, 0.0)
-    dv = dv + _dot(p.astype(do.dtype), do, trans_a=True)
-    ds = p * (_dot(do, v, trans_b=True) - delta[:, None])
-    return dk + _dot(ds.astype(q.dtype), q, trans_a=True), dv
+      p = jnp.where(visible(spec, q_meta, k_meta, k_start, k_len), p, 0.0)
+    dv = dv + dot(p.astype(do.dtype), do, trans_a=True)
+    ds = p * (dot(do, v, trans_b=True) - delta[:, None])
+    return dk + dot(ds.astype(q.dtype), q, trans_a=True), dv
 
   zeros = jnp.zeros(k.shape, jnp.float32)
-  dk, dv = _walk(table_ref, body, (zeros, zeros))
+  dk, dv = walk(table_ref, body, (zeros, zeros))
   dk_ref[...] = dk * scale
   dv_ref[...] = dv
 
@@ -89,11 +89,11 @@ def backward(cfg, q, k, v, q_meta, k_meta, tables, out, lse, d_out):
   # Padded query rows get lse = +inf (p = 0) and delta = 0: they contribute nothing.
   lse = jnp.pad(lse[:, :, :tq], ((0, 0), (0, 0), (0, tq_p - tq)), constant_values=jnp.inf)
   delta = jnp.pad(delta, ((0, 0), (0, 0), (0, tq_p - tq)))
-  qp, dop = _pad_len(q, tq_p), _pad_len(d_out, tq_p)
-  kp, vp = _pad_len(k, tk_p), _pad_len(v, tk_p)
-  qm = [_pad_len(x, tq_p) for x in q_meta]
-  km = [_pad_len(x, tk_p) for x in k_meta]
-  params = _compiler_params(d, stages=2)
+  qp, dop = pad_len(q, tq_p), pad_len(d_out, tq_p)
+  kp, vp = pad_len(k, tk_p), pad_len(v, tk_p)
+  qm = [pad_len(x, tq_p) for x in q_meta]
+  km = [pad_len(x, tk_p) for x in k_meta]
+  params = compiler_params(d, stages=2)
 
   # dq: per query tile, like the forward.
   row = pl.BlockSpec((None, bq, None, d), lambda i, j, n: (j, i, n, 0))
