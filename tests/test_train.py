@@ -25,7 +25,7 @@ from cardjax.errors import ConfigError
 from cardjax.model import create_model
 from cardjax.objectives import make_objective
 from cardjax.parallel import make_mesh
-from cardjax.train import TrainingError, loop, train
+from cardjax.train import TrainingError, loop, train, validation
 from cardjax.train.checkpointing import TrainCheckpointer
 from cardjax.train.optimizer import make_optimizer, sharded_init
 from cardjax.train.step import make_train_step
@@ -279,19 +279,20 @@ def test_state_shardings_of_masked_and_partitioned_chains():
 def test_validations_score_the_same_batches_from_one_loader(data_dir, tmp_path, monkeypatch):
   """Each validation of a run scores the first eval_steps batches of the unshuffled split,
   read by one loader per run."""
-  real_make_loader, real_to_global = loop.make_loader, loop.to_global
+  real_make_loader, real_to_global = loop.make_loader, validation.to_global
   splits, scored = [], []
 
   def make_loader(config, split=None, **changes):
     splits.append(split or config.data.split)
     return real_make_loader(config, split=split, **changes)
 
-  def to_global(batch, mesh):  # the loop's own use of it: validation batches
+  def to_global(batch, mesh):  # validation.py's use of it: validation batches
     scored.append({k: v.copy() for k, v in batch.items()})
     return real_to_global(batch, mesh)
 
-  monkeypatch.setattr(loop, "make_loader", make_loader)
-  monkeypatch.setattr(loop, "to_global", to_global)
+  monkeypatch.setattr(loop, "make_loader", make_loader)  # the training split's
+  monkeypatch.setattr(validation, "make_loader", make_loader)
+  monkeypatch.setattr(validation, "to_global", to_global)
   config = _config(data_dir, "--config.train.steps=4", "--config.train.eval_every=2",
                    "--config.train.eval_steps=2", "--config.train.checkpoint_every=100")
   train(config, tmp_path)

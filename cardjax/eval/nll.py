@@ -3,8 +3,9 @@
 This is the trainer's validation, run on its own: the same batches (the first N of the
 unshuffled split, N = train.eval_steps unless --batches says otherwise), the same jitted
 eval step (cardjax/train/step.py: make_eval_step, so `ar_nll` is the trainer's
-`eval/ar_nll` and `loss` its `eval/loss`) and the same averaging (cardjax/train/loop.py).
-Any built dataset split can be scored; it is tokenized with the checkpoint's own tokenizer.
+`eval/ar_nll` and `loss` its `eval/loss`) and the same averaging (cardjax/train/
+validation.py). Any built dataset split can be scored; it is tokenized with the
+checkpoint's own tokenizer.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def default_split(config) -> str:
 def validation_batches(config, split: str, batches: int = 0) -> list[dict]:
   """The first `batches` (0: train.eval_steps) batches of the unshuffled `split` under
   `config`'s data section: the batches the trainer's validation scores."""
-  from cardjax.train import loop
+  from cardjax.train import validation
 
   config = copy.deepcopy(config)
   config.data.eval_split = split
@@ -82,7 +83,7 @@ def validation_batches(config, split: str, batches: int = 0) -> list[dict]:
     config.train.eval_steps = batches
   if config.train.eval_steps < 1:
     raise CardjaxError(f"--batches {config.train.eval_steps} must be >= 1")
-  return loop._eval_batches(config)
+  return validation.eval_batches(config)
 
 
 def evaluate_nll(run, config, split: str, batches: int = 0, mesh=None,
@@ -95,7 +96,7 @@ def evaluate_nll(run, config, split: str, batches: int = 0, mesh=None,
 
   from cardjax.objectives import make_objective
   from cardjax.parallel import make_mesh, use_rules
-  from cardjax.train import loop
+  from cardjax.train import validation
   from cardjax.train.step import make_eval_step
 
   # The trainer's layout (rows over the data axes); its own config divided them.
@@ -114,7 +115,7 @@ def evaluate_nll(run, config, split: str, batches: int = 0, mesh=None,
     eval_fn = jax.jit(make_eval_step(graphdef, objective, config.seed, config.train.loss_chunk))
     bar = tqdm(data, desc=f"nll {config.data.dataset}/{split}", unit="batch",
                disable=not progress, dynamic_ncols=True)
-    metrics = loop._evaluate(eval_fn, params, bar, mesh)
+    metrics = validation.evaluate(eval_fn, params, bar, mesh)
   tokens = sum(int(b["loss_mask"][:, 1:].sum()) for b in data)
   return {"ar_nll": metrics["ar_nll"], "perplexity": math.exp(metrics["ar_nll"]),
           "loss": metrics["loss"], "objective": objective.name,

@@ -26,13 +26,13 @@ from tqdm import tqdm
 from cardjax import checkpoint as model_checkpoint
 from cardjax import hf
 from cardjax.config import model_config
-from cardjax.data.pipeline import batch_sharding, to_global
+from cardjax.data.pipeline import batch_sharding
 from cardjax.data.prepare import make_loader, tokenizer_source
 from cardjax.errors import CardjaxError
 from cardjax.model import ModelConfig, abstract_model, create_model
 from cardjax.objectives import make_objective
 from cardjax.parallel import make_mesh, use_rules
-from cardjax.train import flops
+from cardjax.train import flops, validation
 from cardjax.train.checkpointing import TrainCheckpointer
 from cardjax.train.metrics import MetricsWriter
 from cardjax.train.optimizer import learning_rate, make_optimizer, sharded_init
@@ -145,7 +145,7 @@ def _train(config, workdir: Path, mesh) -> dict:
                            batch_sharding(mesh))
   eval_fn = jax.jit(make_eval_step(graphdef, objective, config.seed, t.loss_chunk))
   # Read before the first step (and its timer), so a broken validation split fails at once.
-  eval_batches = _eval_batches(config)
+  eval_batches = validation.eval_batches(config)
 
   writer = MetricsWriter(workdir)
   rows, seq = config.data.batch_size, config.data.seq_len
@@ -202,7 +202,7 @@ def _train(config, workdir: Path, mesh) -> dict:
                           **({"mfu": f"{values['mfu']:.1%}"} if "mfu" in values else {}))
           metrics = values
         if (t.eval_every and done % t.eval_every == 0) or done == t.steps:
-          eval_metrics = _evaluate(eval_fn, params, eval_batches, mesh)
+          eval_metrics = validation.evaluate(eval_fn, params, eval_batches, mesh)
           writer.write(done, eval_metrics, prefix="eval")
           log.info("step %d eval: %s", done, {k: round(v, 4) for k, v in eval_metrics.items()})
           if done % t.log_every == 0:  # validation time is not training throughput
@@ -224,20 +224,3 @@ def _train(config, workdir: Path, mesh) -> dict:
     ckpt.close()
   return {"train": metrics, "eval": eval_metrics, "step": t.steps}
 
-
-def _eval_batches(config) -> list[dict]:
-  """This host's rows of the first train.eval_steps batches of the unshuffled validation
-  split, read once per run and kept in host memory: every validation scores the same
-  batches, so one loader (and one tokenizer load) serves them all."""
-  with make_loader(config, split=config.data.eval_split, shuffle=False) as loader:
-    return [next(loader) for _ in range(config.train.eval_steps)]
-
-
-def _evaluate(eval_fn, params, batches, mesh) -> dict:
-  """Mean objective loss and AR NLL over the fixed validation batches."""
-  totals: dict = {}
-  for index, batch in enumerate(batches):
-    out = jax.device_get(eval_fn(params, to_global(batch, mesh), jnp.int32(index)))
-    for k, v in out.items():
-      totals[k] = totals.get(k, 0.0) + float(v)
-  return {k: v / len(batches) for k, v in totals.items()}
