@@ -41,7 +41,6 @@ from cardjax.config import load_config  # noqa: E402
 from cardjax.eval import inputs, measure  # noqa: E402
 from cardjax.decoding.frozen import Frozen  # noqa: E402
 from cardjax.decoding.methods import Options, make_decoder  # noqa: E402
-from cardjax.decoding import prompts as prompts_module  # noqa: E402
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -254,7 +253,6 @@ def main() -> None:
   out.mkdir(parents=True, exist_ok=True)
   batches = [int(b) for b in args.batches.split(",")]
   skip = set(filter(None, args.skip.split(",")))
-  prompts_module.BUCKET = args.bucket
   info = machine.describe()
   caption = machine.line(info)
   print(f"== {caption}", flush=True)
@@ -265,7 +263,8 @@ def main() -> None:
   config = load_config("configs/smollm2_135m.py:sft")
   prompts, answers = inputs.arith_problems(config, tok, args.n)
   timing = prompts[:args.time_n]
-  opt = Options(max_new_tokens=args.max_new_tokens, stop_ids=tok.stop_ids, pad_id=tok.pad_id)
+  opt = Options(max_new_tokens=args.max_new_tokens, stop_ids=tok.stop_ids, pad_id=tok.pad_id,
+                bucket=args.bucket)
 
   if "forward" not in skip:
     print("\n== one cached forward (ms) by new tokens, 256 cache slots\n| batch | new tokens | "

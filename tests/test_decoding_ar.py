@@ -78,3 +78,16 @@ def test_bad_prompts():
     left_pad([[1, 2], []], 0)
   with pytest.raises(CardjaxError, match="more than the model's context"):
     left_pad([[1] * 10], 0, max_context=8)
+
+
+def test_the_prompt_bucket_is_a_parameter_and_changes_no_token():
+  """Prompts are padded to a multiple of `bucket` (default prompts.BUCKET, which nobody
+  assigns: the server passes its --width-bucket); the padding is invisible."""
+  from cardjax.decoding import prompts
+
+  assert left_pad([[1, 2, 3]], 0)[0].shape == (1, prompts.BUCKET)
+  tokens, positions, segments, _ = left_pad([[1, 2, 3]], 0, bucket=4)
+  assert tokens.shape == (1, 4) and segments.tolist() == [[0, 1, 1, 1]]
+  assert positions.tolist() == [[0, 0, 1, 2]]
+  model = tiny_model()
+  assert generate(model, PROMPTS, 6, bucket=40).rows() == generate(model, PROMPTS, 6).rows()

@@ -66,3 +66,16 @@ def test_verify_cannot_sample():
   with pytest.raises(CardjaxError, match="--verify decodes exactly AR greedy and cannot "
                                          "sample \\(temperature=0.5\\)"):
     make_decoder("mars", tiny_model(), "mars", Options(verify=True, temperature=0.5))
+
+
+def test_options_bucket_reaches_the_decoder():
+  """Options.bucket is the decoder's prompt width bucket, and the decoder says it
+  (eval.measure.warm_up compiles one chunk per padded width)."""
+  from cardjax.decoding import prompts
+  from cardjax.decoding.methods import Options, make_decoder
+  from decoding_helpers import tiny_model
+
+  assert make_decoder("ar", tiny_model(), "ar", Options()).bucket == prompts.BUCKET
+  for method, objective in (("ar", "ar"), ("mars", "mars"), ("card", "card"), ("dus", "mdlm")):
+    decoder = make_decoder(method, tiny_model(), objective, Options(bucket=48))
+    assert decoder.bucket == decoder.keywords["bucket"] == 48

@@ -67,11 +67,13 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
 
 
 def generate(model, prompts, max_new_tokens: int, stop_ids=(), pad_id: int = 0,
-             temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> Generation:
-  """Decode a batch of token-id prompts (lists of ints) with the KV cache."""
+             temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+             bucket: int | None = None) -> Generation:
+  """Decode a batch of token-id prompts (lists of ints) with the KV cache; the prompts are
+  left-padded to a multiple of `bucket` (default prompts.BUCKET)."""
   return decode(_generate, model, prompts, max_new_tokens, stop_ids, pad_id,
                 np.float32(temperature), np.float32(top_p), jax.random.key(seed),
-                max_new_tokens=max_new_tokens)
+                bucket=bucket, max_new_tokens=max_new_tokens)
 
 
 def greedy_by_recompute(model, prompt, max_new_tokens: int, stop_ids=()) -> list[int]:

@@ -137,16 +137,18 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
 def generate(model, prompts, max_new_tokens: int, block: int, planner: str = "confidence",
              tau: float = 0.9, steps: int | None = None, mask_id: int | None = None,
              stop_ids=(), pad_id: int = 0, gamma: float = 1.0, remask: float = 0.0,
-             spacing: bool = False, base: int = 2, g0: int = 8) -> Generation:
+             spacing: bool = False, base: int = 2, g0: int = 8,
+             bucket: int | None = None) -> Generation:
   """CARD block decoding of a batch of token-id prompts (lists of ints), greedy.
 
   block: B slots per block; planner: one of planners.KINDS (tau for confidence/cb, gamma
   for eb, remask for dus, spacing + g0 for confidence/cb/eb, base for dus/topk).
   steps: at most this many forwards per block, the last revealing every slot left (None:
   no limit). mask_id: default model.cfg.mask_token_id. `forwards` counts window forwards
-  after the prefill (DUS: blocks * log2 B with no stop)."""
+  after the prefill (DUS: blocks * log2 B with no stop). bucket: the prompt width bucket
+  (default prompts.BUCKET)."""
   return blocks.run(_generate, model, prompts, max_new_tokens, block, planner, tau, gamma,
-                    remask, spacing, base, g0, steps, mask_id, stop_ids, pad_id)
+                    remask, spacing, base, g0, steps, mask_id, stop_ids, pad_id, bucket)
 
 
 def card_by_recompute(model, prompt, max_new_tokens: int, block: int,

@@ -239,16 +239,18 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
 
 def generate(model, prompts, max_new_tokens: int, block: int, tau: float, mask_id: int,
              stop_ids=(), pad_id: int = 0, rule: str = "prob", window: str = "fit",
-             temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> Generation:
+             temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+             bucket: int | None = None) -> Generation:
   """MARS decoding of a batch of token-id prompts; `forwards` counts window forwards.
   `rule` picks the confidence compared with tau (see `accept_count`), `window` the window
-  widths ("fit" or "full": the same tokens); temperature > 0 samples (top_p, seed)."""
+  widths ("fit" or "full": the same tokens); temperature > 0 samples (top_p, seed).
+  `bucket`: the prompt width bucket (default prompts.BUCKET)."""
   check_args(tau, block, mask_id, rule, temperature, top_p)
   pending_widths(block, window)
   return decode(_generate, model, prompts, max_new_tokens + block, stop_ids, pad_id,
                 np.int32(mask_id), np.float32(tau), np.float32(temperature), np.float32(top_p),
-                jax.random.key(seed), block=block, max_new_tokens=max_new_tokens, rule=rule,
-                window=window)
+                jax.random.key(seed), bucket=bucket, block=block, max_new_tokens=max_new_tokens,
+                rule=rule, window=window)
 
 
 def mars_by_recompute(model, prompt, max_new_tokens: int, block: int, tau: float,

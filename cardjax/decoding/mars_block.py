@@ -127,13 +127,14 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
 def generate(model, prompts, max_new_tokens: int, block: int, cache_block: int, tau: float,
              mask_id: int, stop_ids=(), pad_id: int = 0, rule: str = "prob",
              accept: str = "block", temperature: float = 0.0, top_p: float = 1.0,
-             seed: int = 0) -> Generation:
+             seed: int = 0, bucket: int | None = None) -> Generation:
   """MARS decoding of a batch of token-id prompts with the block-level KV cache.
 
   block: the training B, the most tokens one fill forward accepts with accept="block";
   accept="cache" lifts that cap to the end of the cache block. cache_block: the slots
   filled before the cache is extended (B_cache). tau, rule and sampling (temperature,
-  top_p, seed) as in `cardjax.decoding.mars.generate`; all runtime values (no recompile)."""
+  top_p, seed) as in `cardjax.decoding.mars.generate`; all runtime values (no recompile).
+  bucket: the prompt width bucket (default prompts.BUCKET)."""
   check_args(tau, block, mask_id, rule, temperature, top_p)
   if cache_block < 1:
     raise CardjaxError(f"cache_block={cache_block} must be >= 1 (slots per cache block)")
@@ -141,7 +142,7 @@ def generate(model, prompts, max_new_tokens: int, block: int, cache_block: int, 
   room = cache_block * -(-max_new_tokens // cache_block)
   return decode(_generate, model, prompts, room, stop_ids, pad_id, np.int32(mask_id),
                 np.float32(tau), np.float32(temperature), np.float32(top_p),
-                jax.random.key(seed), block=block, cache_block=cache_block,
+                jax.random.key(seed), bucket=bucket, block=block, cache_block=cache_block,
                 max_new_tokens=max_new_tokens, rule=rule, accept=accept)
 
 

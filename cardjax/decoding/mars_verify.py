@@ -142,10 +142,11 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
 
 
 def generate(model, prompts, max_new_tokens: int, block: int, mask_id: int, stop_ids=(),
-             pad_id: int = 0, window: str = "fit") -> Generation:
+             pad_id: int = 0, window: str = "fit", bucket: int | None = None) -> Generation:
   """Lossless MARS decoding of a batch of token-id prompts: the tokens of AR greedy, with
   up to block + 1 of them per forward when the model's mask drafts are right. `window`:
-  "fit" reads [p | masks] when no row has drafts, "full" always [p | drafts | masks]."""
+  "fit" reads [p | masks] when no row has drafts, "full" always [p | drafts | masks].
+  `bucket`: the prompt width bucket (default prompts.BUCKET)."""
   if block < 1:
     raise CardjaxError(f"block={block} must be >= 1")
   if mask_id < 0:
@@ -153,4 +154,5 @@ def generate(model, prompts, max_new_tokens: int, block: int, mask_id: int, stop
   if window not in WINDOWS:
     raise CardjaxError(f"window={window!r} is not a window width; use one of {WINDOWS}")
   return decode(_generate, model, prompts, max_new_tokens + 2 * block, stop_ids, pad_id,
-                np.int32(mask_id), block=block, max_new_tokens=max_new_tokens, window=window)
+                np.int32(mask_id), bucket=bucket, block=block, max_new_tokens=max_new_tokens,
+                window=window)

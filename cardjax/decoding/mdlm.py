@@ -87,14 +87,16 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
 def generate(model, prompts, max_new_tokens: int, block: int, planner: str = "dus",
              shift: bool = False, tau: float = 0.9, gamma: float = 1.0, remask: float = 0.0,
              spacing: bool = False, base: int = 2, g0: int = 8, steps: int | None = None,
-             mask_id: int | None = None, stop_ids=(), pad_id: int = 0) -> Generation:
+             mask_id: int | None = None, stop_ids=(), pad_id: int = 0,
+             bucket: int | None = None) -> Generation:
   """MDLM block decoding of a batch of token-id prompts (lists of ints), greedy.
 
   Arguments as `cardjax.decoding.card.generate`, plus shift (False: slot k reads the output
   at k; True: at k-1). `forwards` counts full-sequence forwards (DUS: blocks * log2 B
   with no stop)."""
   return blocks.run(_generate, model, prompts, max_new_tokens, block, planner, tau, gamma,
-                    remask, spacing, base, g0, steps, mask_id, stop_ids, pad_id, shift=bool(shift))
+                    remask, spacing, base, g0, steps, mask_id, stop_ids, pad_id, bucket,
+                    shift=bool(shift))
 
 
 def mdlm_by_recompute(model, prompt, max_new_tokens: int, block: int, planner: str = "dus",

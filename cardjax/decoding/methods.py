@@ -13,6 +13,7 @@ import functools
 from typing import Callable, Sequence
 
 from cardjax.decoding.frozen import freeze
+from cardjax.decoding.prompts import BUCKET
 from cardjax.errors import CardjaxError
 
 METHODS = ("ar", "mars", "card", "dus", "eb", "cb")
@@ -72,16 +73,25 @@ class Options:
   base: int = 2  # dus: dilation base a
   shift: bool = False  # mdlm checkpoints: output q predicts q + 1 (Dream style)
   planner: str = ""  # card / dus / eb / cb: override the method's planner (e.g. "topk")
+  bucket: int = BUCKET  # every method: prompts are left-padded to a multiple of this width
 
 
 def make_decoder(method: str, model, objective: str | None, opt: Options) -> Callable:
   """decode(prompts) -> Generation for `method` on `model`, after check_method. The model
-  is frozen (split once, see frozen.py): later updates to the module are not seen."""
+  is frozen (split once, see frozen.py): later updates to the module are not seen.
+  `decode.bucket` is opt.bucket, the prompt width bucket (eval.measure.warm_up compiles
+  one chunk per padded width)."""
+  decode = _decoder(method, model, objective, opt)
+  decode.bucket = opt.bucket
+  return decode
+
+
+def _decoder(method: str, model, objective: str | None, opt: Options) -> Callable:
   check_method(method, objective)
   model = freeze(model)
   mask_id = model.cfg.mask_token_id
   common = dict(max_new_tokens=opt.max_new_tokens, stop_ids=tuple(opt.stop_ids),
-                pad_id=opt.pad_id)
+                pad_id=opt.pad_id, bucket=opt.bucket)
   if method == "ar":
     from cardjax.decoding import ar
     return functools.partial(ar.generate, model, temperature=opt.temperature,

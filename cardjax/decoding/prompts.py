@@ -15,8 +15,9 @@ import numpy as np
 
 from cardjax.errors import CardjaxError
 
-# Read at call time: a benchmark of a deep model, where each compile takes tens of seconds,
-# raises it so a whole prompt set shares one width.
+# The default bucket. Callers that want another pass `bucket` (the server its
+# --width-bucket; a benchmark of a deep model, where each compile takes tens of seconds, a
+# larger one so a whole prompt set shares one width); nothing assigns this constant.
 BUCKET = 16
 
 
@@ -64,15 +65,16 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, max_context: int | N
 
 
 def decode(loop, model, prompts: Sequence[Sequence[int]], room: int, stop_ids, pad_id: int,
-           *args, **static) -> Generation:
-  """Left-pad `prompts` leaving `room` positions of the model's context for what the
-  decoder writes after them, then run the jitted loop
-  loop(model, tokens, positions, segments, lengths, stop_ids, pad_id, *args, **static)
-  -> (out, count, forwards). `max_new_tokens` is one of `static`, checked here for all."""
+           *args, bucket: int | None = None, **static) -> Generation:
+  """Left-pad `prompts` (to a multiple of `bucket`, default BUCKET) leaving `room`
+  positions of the model's context for what the decoder writes after them, then run the
+  jitted loop loop(model, tokens, positions, segments, lengths, stop_ids, pad_id, *args,
+  **static) -> (out, count, forwards). `max_new_tokens` is one of `static`, checked here
+  for all."""
   if static["max_new_tokens"] < 1:
     raise CardjaxError(f"max_new_tokens={static['max_new_tokens']} must be >= 1")
   tokens, positions, segments, lengths = left_pad(
-      prompts, pad_id, model.cfg.max_position_embeddings - room)
+      prompts, pad_id, model.cfg.max_position_embeddings - room, bucket)
   stop = np.asarray(list(stop_ids) or [-1], np.int32)  # -1: no stop id matches
   out, count, forwards = loop(model, tokens, positions, segments, lengths, stop,
                               np.int32(pad_id), *args, **static)

@@ -69,11 +69,13 @@ def exact_match(rows: Sequence[Sequence[int]], answers: Sequence[str], tokenizer
 
 def warm_up(decode: Callable, prompts: Sequence[Sequence[int]], batch: int) -> list[list]:
   """The prompts in chunks of `batch`, after decoding one chunk of each compiled shape
-  (rows, padded width), so a timing that follows measures no compile."""
+  (rows, padded width), so a timing that follows measures no compile. The width bucket is
+  the decoder's (make_decoder's `decode.bucket`), else prompts.BUCKET."""
   chunks = [list(prompts[i:i + batch]) for i in range(0, len(prompts), batch)]
+  bucket = getattr(decode, "bucket", None)
   seen = set()
   for chunk in chunks:
-    key = (len(chunk), padded_width(chunk))
+    key = (len(chunk), padded_width(chunk, bucket))
     if key not in seen:
       seen.add(key)
       decode(chunk)

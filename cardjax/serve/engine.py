@@ -16,7 +16,8 @@ chunk's prefill (one batched forward over the context, cheap next to the chunk's
 forwards for short contexts); in exchange a batch can be re-formed between chunks, so a
 finished or disconnected request frees its row for a waiting one. Every call has a static
 shape from a small set: the batch is padded to one of `batch_sizes` and the prompts to a
-multiple of `width_bucket` (prompts.BUCKET), so nothing compiles per request.
+multiple of `width_bucket` (passed to the decoders and pools), so nothing compiles per
+request.
 """
 
 from __future__ import annotations
@@ -25,11 +26,6 @@ import dataclasses
 import sys
 
 from cardjax.errors import CardjaxError
-
-
-def prompts_bucket() -> int:
-  from cardjax.decoding import prompts
-  return prompts.BUCKET
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +63,6 @@ class Engine:
                width_bucket: int = 32, max_tokens: int = 64, mesh=None, slots: int = 512,
                span_min: int = 64, prefill_rows: int | None = None,
                prefix_page: int | None = None):
-    from cardjax.decoding import prompts
     from cardjax.decoding.cli import resolve_block
     from cardjax.decoding.frozen import freeze
     from cardjax.serve.pool.prefixes import PAGE
@@ -101,8 +96,7 @@ class Engine:
     self.max_tokens = max_tokens  # a request's max_tokens when it gives none
     self.batch_sizes = tuple(sorted(set(batch_sizes)))
     self.mesh = mesh
-    # The decoders read the bucket at call time; one server process serves one model.
-    prompts.BUCKET = width_bucket
+    self.width_bucket = width_bucket  # prompts are padded to a multiple of it (every path)
     self._resolve_block = resolve_block
     self.tau = tau  # the server's MARS tau (Settings.tau None); tau.py may move it
     self.default = self._build(method, None, block, verify, rule,
@@ -202,7 +196,7 @@ class Engine:
       self.pools[key] = SlotPool(self.model, s.method, slots=self.context(s),
                                  batch_sizes=self.batch_sizes, block=s.block or 4,
                                  rule=s.rule, stop_ids=stop_ids, pad_id=self.tokenizer.pad_id,
-                                 bucket=prompts_bucket(), span_min=self.span_min,
+                                 bucket=self.width_bucket, span_min=self.span_min,
                                  prefill_rows=self.prefill_rows, prefixes=self.prefixes())
     return self.pools[key]
 
@@ -264,7 +258,7 @@ class Engine:
     options = Options(max_new_tokens=self.chunk, stop_ids=stop_ids,
                       pad_id=self.tokenizer.pad_id, temperature=s.temperature, top_p=s.top_p,
                       seed=seed, tau=self.tau if tau is None else tau, block=s.block or 4,
-                      rule=s.rule, verify=s.verify)
+                      rule=s.rule, verify=s.verify, bucket=self.width_bucket)
     decoder = make_decoder(s.method, self.model, self.objective, options)
     with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
       out = decoder(padded)
@@ -275,9 +269,7 @@ class Engine:
     """Compile the default settings' decode calls for every batch size and every prompt
     width up to `max_width` (rounded up to the bucket) before serving, so the first
     requests do not wait for compiles. Returns the number of shapes."""
-    from cardjax.decoding import prompts
-
-    bucket = prompts.BUCKET
+    bucket = self.width_bucket
     widths = range(bucket, min(max_width, self.prompt_limit(self.default)) + bucket, bucket)
     shapes = 0
     if self.continuous(self.default):

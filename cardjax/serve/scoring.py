@@ -68,13 +68,11 @@ def score(engine, sequences: Sequence[Sequence[int]]) -> list[Scores]:
   any thread: the parameters are read only, never donated."""
   import jax
 
-  from cardjax.serve.engine import prompts_bucket
-
   out: list[Scores] = []
   most = max(engine.batch_sizes)
   for start in range(0, len(sequences), most):
     group = [list(s) for s in sequences[start:start + most]]
-    w = width(max(len(s) for s in group), prompts_bucket(),
+    w = width(max(len(s) for s in group), engine.width_bucket,
               engine.cfg.max_position_embeddings)
     tokens = np.full((engine.batch_size(len(group)), w), engine.tokenizer.pad_id, np.int32)
     for r, s in enumerate(group):

@@ -108,7 +108,7 @@ class SlotPool:
 
   def __init__(self, model, method: str = "ar", *, slots: int, batch_sizes=(1, 4, 16),
                block: int = 4, rule: str = "prob", stop_ids=(), pad_id: int = 0,
-               bucket: int = 16, span_min: int = 64, prefill_rows: int = PREFILL_ROWS,
+               bucket: int = BUCKET, span_min: int = 64, prefill_rows: int = PREFILL_ROWS,
                prefix_page: int = PAGE, prefixes: PrefixStore | None = None):
     if method not in METHODS:
       raise CardjaxError(f"SlotPool decodes {METHODS}, not {method!r}")
