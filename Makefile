@@ -42,12 +42,12 @@ test-slow: $(STAMP)
 # and range over seeds) and writes runs/bench_decode/decode.png.
 bench-decode: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,bench]'
-	$(BIN)/python benchmarks/decode.py --workdir runs/bench_decode
+	$(BIN)/python -m benchmarks.decode --workdir runs/bench_decode
 
 # Re-runs a small decode benchmark (arith, 3 seeds, batch 1) and checks every row against
 # the recorded one (docs/bench_check.json) within its spread; exits 1 when one is outside.
 bench-check: $(STAMP)
-	$(BIN)/python benchmarks/check.py --workdir runs/bench_check
+	$(BIN)/python -m benchmarks.check --workdir runs/bench_check
 
 # For a machine with an accelerator and no network (benchmarks/decode_offline.sh): the
 # trained runs and prompt sets of bench-decode (trained here if missing, about 85 min a seed on
@@ -62,8 +62,8 @@ OFFLINE_WHEELS := tensorflow-datasets==4.9.10 array-record==0.8.6 grain==0.2.18 
 	anyio==4.16.0 sniffio==1.3.1 h11==0.16.0 click==8.5.1 idna==3.20 \
 	typing-extensions==4.16.0 jinja2==3.1.6 markupsafe==3.0.4 tokenizers==0.23.3
 bench-pack: $(STAMP)
-	$(BIN)/python benchmarks/decode.py --workdir runs/bench_decode --train-only
-	$(BIN)/python benchmarks/pack_runs.py runs/bench_decode runs/bench_pack
+	$(BIN)/python -m benchmarks.decode --workdir runs/bench_decode --train-only
+	$(BIN)/python -m benchmarks.pack_runs runs/bench_decode runs/bench_pack
 	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: -d .whl \
 	  --python-version $(OFFLINE_PY) --implementation cp --platform manylinux_2_28_x86_64 \
 	  --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
@@ -92,7 +92,7 @@ smollm2: $(SMOLLM2)/base/0
 # The real-model benchmark (benchmarks/real_model.py) on the runs of configs/smollm2_135m.py.
 bench-real: smollm2
 	$(BIN)/python -m pip install -q -e '.[test,bench]'
-	$(BIN)/python benchmarks/real_model.py --root $(SMOLLM2)
+	$(BIN)/python -m benchmarks.real_model --root $(SMOLLM2)
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

@@ -1,7 +1,7 @@
 """Attention patterns: skipped tiles, and the block-sparse Pallas GPU kernel against cuDNN.
 
-  python benchmarks/attention.py [--lengths 512,2048,8192] [--tiles 128,512]
-  python benchmarks/attention.py --kernel [--out FILE]       # + the kernel sections below
+  python -m benchmarks.attention [--lengths 512,2048,8192] [--tiles 128,512]
+  python -m benchmarks.attention --kernel [--out FILE]       # + the kernel sections below
 
 Tile table (always; machine independent): for each cardjax mask pattern, one training row of
 L data tokens laid out as the objective lays it out (MARS and BD3LM read 2L tokens: two
@@ -31,14 +31,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cardjax.attention import MaskSpec
+from cardjax.attention.tiles import FULL, row_layout, skipped_fraction, tile_table
 
-from cardjax.attention import MaskSpec  # noqa: E402
-from cardjax.attention.tiles import FULL, row_layout, skipped_fraction, tile_table  # noqa: E402
+from benchmarks.common import Tee, timed
 
 # (name, mask, layout kind, packed documents)
 PATTERNS = [("causal (AR, CARD)", MaskSpec("causal"), "causal", 1),
@@ -51,22 +50,6 @@ PATTERNS = [("causal (AR, CARD)", MaskSpec("causal"), "causal", 1),
 GPU_PATTERNS = [("MARS dual stream, B = 4", MaskSpec("dual_stream", 4), "dual_stream", 1),
                 ("causal, 4 packed documents", MaskSpec("causal"), "causal", 4),
                 ("causal (AR, CARD)", MaskSpec("causal"), "causal", 1)]
-
-
-class Report:
-  """Prints lines and appends them to a file (when given) as they come."""
-
-  def __init__(self, path: str | None):
-    self.path = Path(path) if path else None
-    if self.path:
-      self.path.parent.mkdir(parents=True, exist_ok=True)
-      self.path.write_text("")
-
-  def __call__(self, line: str = "") -> None:
-    print(line, flush=True)
-    if self.path:
-      with self.path.open("a") as f:
-        f.write(line + "\n")
 
 
 def host_tile_table(report, lengths, tiles) -> None:
@@ -163,18 +146,6 @@ def visible_pairs(spec, meta) -> int:
   return total
 
 
-def timed(fn, *args, repeats: int = 5) -> float:
-  """Median seconds of one call, after a compile-and-warm call."""
-  import jax
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times))
-
-
 def gpu_timings(report, lengths, heads: int, kv_heads: int, head_dim: int, tokens: int,
                 budget_s: float) -> None:
   import jax
@@ -255,7 +226,7 @@ def main() -> None:
   parser.add_argument("--budget-s", type=float, default=360.0)
   parser.add_argument("--out", default=None, help="also append every line to this file")
   args = parser.parse_args()
-  report = Report(args.out)
+  report = Tee(args.out, "")  # a fresh --out file, written as rows come
   lengths = [int(x) for x in args.lengths.split(",")]
   host_tile_table(report, lengths, [int(x) for x in args.tiles.split(",")])
   if not args.kernel:

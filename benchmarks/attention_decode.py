@@ -1,7 +1,7 @@
 """The flash-decoding kernel (cardjax/attention/pallas_decode.py) against xla's
 cache_attention: the cached forwards of decoding, in one run.
 
-  python benchmarks/attention_decode.py [--slots 1024,4096,16384] [--out FILE]
+  python -m benchmarks.attention_decode [--slots 1024,4096,16384] [--out FILE]
 
 Everywhere: the kernel's largest error against cache_attention on a small cache (interpret
 mode off GPU). On a GPU only: the median time of one attention call (one layer) for an AR
@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+
+from benchmarks.common import Tee, announce, timed
 
 CASES = {  # name: (mask kind, block, queries)
     "AR step": ("causal", 0, 1),
@@ -69,20 +71,12 @@ def main() -> None:
   import jax
   import jax.numpy as jnp
 
-  from attention import timed  # benchmarks/attention.py, beside this script
-
-  from cardjax import machine
   from cardjax.attention import cache_attention
   from cardjax.attention.pallas_decode import pallas_decode_attention
 
-  def report(line: str) -> None:
-    print(line, flush=True)
-    if args.out:
-      with open(args.out, "a") as f:
-        f.write(line + "\n")
-
+  report = Tee(args.out)  # appends to --out
   on_gpu = jax.default_backend() == "gpu"
-  report(f"== decode-kernel benchmark: {machine.line(machine.describe())}")
+  announce("decode-kernel benchmark", report)
   worst = 0.0
   for name, (kind, block, tq) in CASES.items():  # small, float32: the error check
     spec, q, k, v, qm, km = inputs(kind, block, min(tq, 16), 2, 4, 2, 64, 200, 120,

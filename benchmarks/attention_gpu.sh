@@ -23,13 +23,13 @@ mkdir -p "$out"
 # Let XLA take memory as it needs it: the dense masks of the cuDNN baseline are large.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 source benchmarks/device_setup.sh
-timeout -k 10 400 python3 benchmarks/attention.py --kernel --budget-s 300 \
+timeout -k 10 400 python3 -m benchmarks.attention --kernel --budget-s 300 \
   --out "$out/attention_gpu.md" "$@" 2>&1 | tee "$out/attention_gpu.log"
 status=${PIPESTATUS[0]}
 [ "$status" = 124 ] && echo "stopped by the 400 s limit; the rows above were measured" \
   | tee -a "$out/attention_gpu.md"
 # The flash-decoding kernel against xla's cache_attention (decoding's cached forwards).
-timeout -k 10 150 python3 benchmarks/attention_decode.py --out "$out/attention_decode.md" \
+timeout -k 10 150 python3 -m benchmarks.attention_decode --out "$out/attention_decode.md" \
   2>&1 | tee "$out/attention_decode.log"
 decode_status=${PIPESTATUS[0]}
 [ "$decode_status" = 124 ] && echo "stopped by the 150 s limit; the rows above were measured" \

@@ -1,16 +1,16 @@
 """Re-run the small recorded decode benchmark and check it lands inside the recorded spread.
 
-  python benchmarks/check.py                      # make bench-check
-  python benchmarks/check.py --record             # after a run: record its results
-  python benchmarks/check.py --compare RECORDED NEW   # two results.json, no run
+  python -m benchmarks.check                      # make bench-check
+  python -m benchmarks.check --record             # after a run: record its results
+  python -m benchmarks.check --compare RECORDED NEW   # two results.json, no run
 
-`--compare` judges any two results.json of `benchmarks/decode.py` the same way (e.g. the code
+`--compare` judges any two results.json of `benchmarks.decode` the same way (e.g. the code
 table in docs/decode_benchmark_code_results.json against a second run of its command).
 
-The recorded run is docs/bench_check.json: the results.json of `benchmarks/decode.py` with
+The recorded run is docs/bench_check.json: the results.json of `benchmarks.decode` with
 CHECK_ARGS (arith only, 3 training seeds, batch 1). The check trains and decodes the same
 command in --workdir (a fresh one unless it holds finished runs) and compares every row
-(cardjax.decoding.recorded): quality within the seeds' range, tokens per forward within
+(benchmarks/recorded.py): quality within the seeds' range, tokens per forward within
 10%, and the speedup within its timing range on a processor of the recorded model (on
 another it is printed, not judged). Exits 1 when a row is outside.
 """
@@ -24,10 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from cardjax.decoding import recorded  # noqa: E402
+from benchmarks import recorded
+from benchmarks.common import ROOT
 
 RECORD = ROOT / "docs" / "bench_check.json"
 CHECK_ARGS = ["--code-models", "", "--batches", "1", "--taus", "1.0,0.95", "--n-arith", "64",
@@ -48,21 +46,22 @@ def main() -> None:
     for path in args.compare:
       if not Path(path).is_file():
         raise SystemExit(f"{path} is missing: --compare takes two results.json files of "
-                         f"benchmarks/decode.py")
+                         f"benchmarks.decode")
     judge(*(json.loads(Path(p).read_text()) for p in args.compare), args.quality_slack)
   results = Path(args.workdir) / "results.json"
   if args.record:
     if not results.is_file():
-      raise SystemExit(f"{results} is missing: run `python benchmarks/check.py` (or "
-                       f"benchmarks/decode.py {' '.join(map(repr, CHECK_ARGS))}) first")
+      raise SystemExit(f"{results} is missing: run `python -m benchmarks.check` (or "
+                       f"python -m benchmarks.decode {' '.join(map(repr, CHECK_ARGS))}) first")
     shutil.copy2(results, RECORD)
     print(f"recorded {results} as {RECORD}")
     return
-  subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode.py"), "--workdir",
-                  args.workdir, *CHECK_ARGS], check=True)
+  # From the working directory (the repo root), where --workdir is relative to.
+  subprocess.run([sys.executable, "-m", "benchmarks.decode", "--workdir", args.workdir,
+                  *CHECK_ARGS], check=True)
   if not RECORD.is_file():
     raise SystemExit(f"{RECORD} is missing: nothing recorded to check against; record this "
-                     f"run with `python benchmarks/check.py --workdir {args.workdir} --record`")
+                     f"run with `python -m benchmarks.check --workdir {args.workdir} --record`")
   judge(json.loads(RECORD.read_text()), json.loads(results.read_text()), args.quality_slack)
 
 

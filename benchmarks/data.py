@@ -1,6 +1,6 @@
 """Data pipeline throughput next to what a train step consumes, in one run.
 
-  python benchmarks/data.py [--data_dir DIR] [--steps 20]
+  python -m benchmarks.data [--data_dir DIR] [--steps 20]
 
 For each workload of the demo (configs/tiny.py on python_stdlib pretraining and on arith_sft
 SFT rows) it prints the pipeline's tokens/s (in-process and with 2 grain workers) and the
@@ -11,8 +11,6 @@ forward + backward + update), and their ratio: the pipeline must be faster than 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import tempfile
 import time
 
@@ -24,6 +22,8 @@ from flax import nnx
 from cardjax.config import load_config, model_config
 from cardjax.data.prepare import make_loader, prepare
 from cardjax.model import create_model
+
+from benchmarks.common import announce
 
 WORKLOADS = {
     "pretrain python_stdlib": [],
@@ -79,8 +79,7 @@ def main():
   parser.add_argument("--steps", type=int, default=20)
   args = parser.parse_args()
   data_dir = args.data_dir or tempfile.mkdtemp(prefix="cardjax-bench-")
-  print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"jax {jax.__version__} on {jax.default_backend()}")
+  announce("data pipeline")
   rows = []
   for name, overrides in WORKLOADS.items():
     config = load_config("configs/tiny.py", [f"--config.data.data_dir={data_dir}", *overrides])

@@ -1,6 +1,6 @@
 """Decoding speed and quality of every method against AR with a KV cache, in one run.
 
-  python benchmarks/decode.py [--workdir runs/bench_decode] [--quick] [--no-train]
+  python -m benchmarks.decode [--workdir runs/bench_decode] [--quick] [--no-train]
       [--tasks arith,code] [--seeds 0,1,2] [--train-jobs 2]
 
 1. Builds arith_sft and python_stdlib and trains the models of configs/decode_bench.py
@@ -36,14 +36,10 @@ from cardjax.data.prepare import prepare
 from cardjax.eval import suite
 from cardjax.train import train
 
+from benchmarks.common import Tee, announce, pyplot, run_dir
+
 MODELS = ("sft", "mars", "ar", "card", "card_half", "mdlm")
 PROMPT_LEN = 32  # code prompts: ids taken from held-out documents
-
-
-def run_dir(workdir: Path, name: str, seed: int) -> Path:
-  """Seed 0's runs in workdir/runs/NAME (where bench-pack and --no-train look), any other
-  seed's in workdir/runs/seedS/NAME."""
-  return workdir / "runs" / (name if seed == 0 else f"seed{seed}/{name}")
 
 
 def trained_runs(workdir: Path, names, seed: int = 0) -> dict[str, Path]:
@@ -98,10 +94,7 @@ def check_recipe(run: Path, steps: int) -> None:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
+  plt = pyplot()
   fig, (left, right) = plt.subplots(1, 2, figsize=(15, 4.5))
   for ax, task, quality, label in ((left, "arith", "exact_match", "exact match"),
                                    (right, "code", "judge_nll", "NLL under AR (lower is better)")):
@@ -194,12 +187,12 @@ def steps_left(workdir: Path, data_dir: Path, scale: float, unit) -> int:
 
 
 def train_in_jobs(shares: list[list], argv: list[str]) -> None:
-  """Train each share of units (share_units) in its own process, all at once: `decode.py
-  --train-units ...` with one XLA CPU thread, pinned to its own core where the OS allows.
-  The models are small: one forward does not keep 2 cores busy, and two single-thread
-  trainings on 2 cores finish in ~0.7x the time of one after the other. The pinning is
-  part of the result: XLA:CPU rounds differently under another core mask
-  (docs/reproducibility.md)."""
+  """Train each share of units (share_units) in its own process, all at once: `python -m
+  benchmarks.decode --train-units ...` (from the same working directory, the repo root)
+  with one XLA CPU thread, pinned to its own core where the OS allows. The models are
+  small: one forward does not keep 2 cores busy, and two single-thread trainings on 2
+  cores finish in ~0.7x the time of one after the other. The pinning is part of the
+  result: XLA:CPU rounds differently under another core mask (docs/reproducibility.md)."""
   import os
   import subprocess
 
@@ -218,7 +211,7 @@ def train_in_jobs(shares: list[list], argv: list[str]) -> None:
   procs = []
   for j, share in enumerate(shares):
     spec = ",".join(f"{seed}:{'+'.join(names)}" for seed, names in share)
-    cmd = [sys.executable, __file__, *rest, "--train-units", spec]
+    cmd = [sys.executable, "-m", "benchmarks.decode", *rest, "--train-units", spec]
     pin = (lambda c=cores[j % len(cores)]: os.sched_setaffinity(0, {c})) if cores else None
     print(f"== train job {j}: {spec}", flush=True)
     procs.append(subprocess.Popen(cmd, env=env, preexec_fn=pin))
@@ -298,8 +291,7 @@ def main() -> None:
     shares = share_units(pending, lambda u: steps_left(workdir, workdir / "data", scale, u),
                          args.train_jobs)
     train_in_jobs(shares, sys.argv[1:])
-  info = machine.describe()
-  print(f"== decode benchmark: {machine.line(info)}")
+  info = announce("decode benchmark")
   runs = {}
   for seed in seeds:
     if args.no_train:
@@ -314,7 +306,8 @@ def main() -> None:
     print(f"== trained {', '.join(names)} for seeds {seeds}; prompt sets in "
           f"{workdir / 'inputs.json'}")
     return
-  log = Log(workdir / "decode_rows.md")
+  # Each row printed and kept in decode_rows.md as it comes: a run cut short keeps them.
+  log = Tee(workdir / "decode_rows.md", suite.HEADER + "\n")
   taus = [float(t) for t in args.taus.split(",")]
   card_taus = [float(t) for t in args.card_taus.split(",")]
 
@@ -356,20 +349,6 @@ def main() -> None:
   except ImportError:
     print("== no PNG: matplotlib is missing (pip install -e '.[bench]')")
   print(f"== table in {workdir / 'decode.md'}, rows in {workdir / 'results.json'}")
-
-
-class Log:
-  """Prints each row and appends it to a file as it comes, so a run cut short keeps what it
-  measured."""
-
-  def __init__(self, path: Path):
-    self.path = path
-    path.write_text(suite.HEADER + "\n")
-
-  def __call__(self, line: str) -> None:
-    print(line, flush=True)
-    with open(self.path, "a") as f:
-      f.write(line + "\n")
 
 
 if __name__ == "__main__":

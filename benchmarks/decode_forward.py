@@ -1,7 +1,7 @@
 """The cost of one decoding forward against the KV cache, by batch, new tokens and slots,
 and what the MARS window decoder's pending-sized windows save over the 2B window.
 
-  python benchmarks/decode_forward.py [--batches 1,4,16] [--tokens 1,8,16] [--slots 160,540]
+  python -m benchmarks.decode_forward [--batches 1,4,16] [--tokens 1,8,16] [--slots 160,540]
       [--mars-batches 1,4] [--mars-taus 1,0.6,0] [--mars-block 4]
 
 Every decoder's loop body is one `Decoder.forward_cached` call plus a little bookkeeping,
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import platform
 import time
 
 import jax
@@ -32,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from cardjax import machine
 from cardjax.decoding import mars
 from cardjax.decoding.frozen import freeze
 from cardjax.model import ModelConfig, create_model
@@ -142,9 +142,8 @@ def main() -> None:
   cfg = dataclasses.replace(CONFIG, scan_layers=args.scan)
   graphdef, state = nnx.split(create_model(cfg, seed=0))
   slots = [int(s) for s in args.slots.split(",")]
-  print(f"== decode forward: {platform.processor() or platform.machine()}, "
-        f"{jax.devices()[0].device_kind}, jax {jax.__version__}, "
-        f"{'scanned' if args.scan else 'list'} layers; ms per forward (x one token)")
+  print(f"== decode forward: {machine.line()}, {'scanned' if args.scan else 'list'} layers; "
+        "ms per forward (x one token)")
   if args.batches:
     forward_table(graphdef, state, args, slots)
   if args.mars_batches:

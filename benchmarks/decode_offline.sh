@@ -23,7 +23,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 export PYTHONUNBUFFERED=1
 python3 -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"
-python3 benchmarks/decode.py --workdir runs/bench_pack --no-train "$@" 2>&1 | tee "$out/decode.log"
+python3 -m benchmarks.decode --workdir runs/bench_pack --no-train "$@" 2>&1 | tee "$out/decode.log"
 status=${PIPESTATUS[0]}
 for f in decode.md results.json decode_rows.md decode.png; do
   [ -f "runs/bench_pack/$f" ] && cp "runs/bench_pack/$f" "$out/"

@@ -1,6 +1,7 @@
-"""Copy what `benchmarks/decode.py --no-train` reads from a bench workdir, and nothing else.
+"""Copy what `python -m benchmarks.decode --no-train` reads from a bench workdir, and nothing
+else.
 
-  python benchmarks/pack_runs.py runs/bench_decode runs/bench_pack
+  python -m benchmarks.pack_runs runs/bench_decode runs/bench_pack
 
 For each run (every training seed's): its latest step's params, model config and run
 config (no optimizer state, no data iterator), and its tokenizer in checkpoints/hf_assets;
@@ -8,7 +9,7 @@ then inputs.json (the prompt sets as ids). The copy is a few MB per small model,
 travels to a machine that has no datasets (or another Python, whose stdlib corpus
 differs), e.g. a GPU box:
 
-  python benchmarks/decode.py --workdir runs/bench_pack --no-train
+  python -m benchmarks.decode --workdir runs/bench_pack --no-train
 """
 
 from __future__ import annotations
@@ -49,16 +50,16 @@ def pack_run(run: Path, out: Path) -> int:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("workdir", type=Path, help="a benchmarks/decode.py workdir")
+  parser.add_argument("workdir", type=Path, help="a benchmarks.decode workdir")
   parser.add_argument("out", type=Path)
   args = parser.parse_args()
   inputs = args.workdir / "inputs.json"
   if not inputs.is_file():
-    raise SystemExit(f"{inputs} is missing: run benchmarks/decode.py on {args.workdir} first "
-                     "(it saves the prompt sets there)")
+    raise SystemExit(f"{inputs} is missing: run python -m benchmarks.decode on "
+                     f"{args.workdir} first (it saves the prompt sets there)")
   args.out.mkdir(parents=True, exist_ok=True)
   shutil.copy2(inputs, args.out / "inputs.json")
-  # Seed 0's runs in runs/NAME, other training seeds' in runs/seedS/NAME (decode.py --seeds).
+  # Seed 0's runs in runs/NAME, other training seeds' in runs/seedS/NAME (common.run_dir).
   runs_dir = args.workdir / "runs"
   for run in sorted(p for p in [*runs_dir.iterdir(), *runs_dir.glob("seed*/*")]
                     if (p / "checkpoints").is_dir()):

@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct end to end: import, SFT, MARS, and decoding speed, in one run.
 
-  python benchmarks/real_model.py [--root runs/smollm2] [--n 128] [--batches 1,4]
+  python -m benchmarks.real_model [--root runs/smollm2] [--n 128] [--batches 1,4]
       [--taus 1.0,0.95,0.9,0.8] [--repeats 3] [--out runs/smollm2/bench]
       [--seeds 0,1,2 --quality-batch 16]
 
@@ -29,18 +29,17 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cardjax import checkpoint, machine
+from cardjax.config import load_config
+from cardjax.eval import inputs, measure
+from cardjax.decoding.frozen import Frozen
+from cardjax.decoding.methods import Options, make_decoder
 
-from cardjax import checkpoint, machine  # noqa: E402
-from cardjax.config import load_config  # noqa: E402
-from cardjax.eval import inputs, measure  # noqa: E402
-from cardjax.decoding.frozen import Frozen  # noqa: E402
-from cardjax.decoding.methods import Options, make_decoder  # noqa: E402
+from benchmarks.common import announce, pyplot, range_cell, spread
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -93,7 +92,7 @@ def load(root: Path):
 
 
 def forward_cost(frozen: Frozen, batches, tokens=(1, 4, 8, 16), slots: int = 256) -> list[dict]:
-  from decode_forward import forward_ms
+  from benchmarks.decode_forward import forward_ms  # imports jax: only when a forward is timed
 
   out = []
   for b in batches:
@@ -116,9 +115,9 @@ def summary(t: measure.Run) -> dict:
 def fmt(row: dict) -> str:
   setting = ", ".join(f"{k} {v}" for k, v in row.items() if k in ("tau", "window"))
   return (f"| {row['model']} | {row['method']} | {setting} | {row['batch']} | "
-          f"{row['tokens_per_forward']:.2f} | {row['tokens_per_s']:.1f} "
-          f"[{row['tokens_per_s_min']:.1f}-{row['tokens_per_s_max']:.1f}] | "
-          f"{row['speedup']:.2f}x |")
+          f"{row['tokens_per_forward']:.2f} | "
+          f"{range_cell(row['tokens_per_s'], row['tokens_per_s_min'], row['tokens_per_s_max'], 1)}"
+          f" | {row['speedup']:.2f}x |")
 
 
 HEADER = ("| model | method | setting | batch | tokens/forward | tokens/s median [range] | "
@@ -131,10 +130,7 @@ def _key(row: dict) -> tuple:
 
 def plot(rows: list[dict], quality: list[dict], batches, path: Path, caption: str) -> None:
   """Exact match (all problems) against tokens/s (median of repeats), one panel a batch."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
+  plt = pyplot()
   em = {k: 100 * np.mean([r["exact_match"] for r in rs]) for k, rs in by_setting(quality).items()}
   fig, axes = plt.subplots(1, len(batches), figsize=(6 * len(batches), 4.5), squeeze=False)
   for ax, b in zip(axes[0], batches):
@@ -204,9 +200,8 @@ def fmt_spread(key: tuple, rows: list[dict]) -> str:
   tpf = [r["tokens_per_forward"] for r in rows]
   same = [r["equals_ar"] for r in rows if "equals_ar" in r]
   note = f" (= AR tokens in {sum(same)} of {len(same)})" if same else ""
-  return (f"| {model} | {method} | {setting} | {len(rows)} | {np.mean(em):.1f}% "
-          f"[{min(em):.1f}-{max(em):.1f}]{note} | {np.mean(tpf):.2f} "
-          f"[{min(tpf):.2f}-{max(tpf):.2f}] ({rows[0]['batch']}) |")
+  return (f"| {model} | {method} | {setting} | {len(rows)} | {spread(em, 1, '%')}"
+          f"{note} | {spread(tpf)} ({rows[0]['batch']}) |")
 
 
 def main() -> None:
@@ -246,16 +241,15 @@ def main() -> None:
                            "--max-new-tokens) and judge only the seeds and settings missing")
   args = parser.parse_args()
   if importlib.util.find_spec("matplotlib") is None:  # before an hour of decoding, not after
-    raise SystemExit("benchmarks/real_model.py draws real_model.png with matplotlib: "
+    raise SystemExit("benchmarks.real_model draws real_model.png with matplotlib: "
                      "pip install -e '.[bench]'")
   root = Path(args.root)
   out = Path(args.out or root / "bench")
   out.mkdir(parents=True, exist_ok=True)
   batches = [int(b) for b in args.batches.split(",")]
   skip = set(filter(None, args.skip.split(",")))
-  info = machine.describe()
+  info = announce()
   caption = machine.line(info)
-  print(f"== {caption}", flush=True)
   results = {"machine": info, "args": vars(args)}
 
   base, _ = load(root / "base")

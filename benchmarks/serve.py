@@ -1,6 +1,6 @@
 """Load test of `cardjax serve`: throughput and latency at 1, 4, 16, 64 concurrent clients.
 
-  python benchmarks/serve.py [--checkpoint RUN] [--methods ar,mars] [--levels 1,4,16,64]
+  python -m benchmarks.serve [--checkpoint RUN] [--methods ar,mars] [--levels 1,4,16,64]
       [--requests 4] [--max-tokens 32] [--batch-sizes 1,4,16,64] [--chunk 16]
       [--schedulers continuous,continuous-full,chunked] [--slots 256] [--span-min 64]
       [--variants '|--prefix-page 0|--prefix-page 0 --prefill-rows 1']
@@ -55,7 +55,8 @@ import portpicker
 
 from cardjax.serve.metrics import scrape
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common import ROOT
+
 DEFAULT_RUN = ROOT / "runs/bench_decode/runs/sft"
 
 

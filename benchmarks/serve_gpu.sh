@@ -28,7 +28,7 @@ tokenizer=${CARDJAX_TOKENIZER:-runs/smollm2/base/hf_assets}
 run=${CARDJAX_SERVE_RUN:-/tmp/cardjax-serve-init}
 [ -d "$run/checkpoints" ] || python3 -m cardjax.cli init --config configs/smollm2_135m.py:mars \
   --workdir "$run" --config.data.tokenizer="$tokenizer" || exit 1
-timeout -k 10 500 python3 benchmarks/serve.py --checkpoint "$run" --methods ar \
+timeout -k 10 500 python3 -m benchmarks.serve --checkpoint "$run" --methods ar \
   --levels 1,4,16,64 --requests 4 --max-tokens 32 --batch-sizes 1,4,16,64 --chunk 16 \
   --warmup-width 64 --slots 256 --warm-levels --variants "|--prefix-page 0|--admit-wait 0" --out "$out" \
   "$@" 2>&1 | tee "$out/serve.log"

@@ -1,6 +1,6 @@
 """Train-step cost of every objective on one model and the same tokens, as ratios to AR.
 
-  python benchmarks/train_step.py [--hidden 256 --layers 4 --seq 256 --batch 8 --steps 10]
+  python -m benchmarks.train_step [--hidden 256 --layers 4 --seq 256 --batch 8 --steps 10]
 
 Each objective runs the real jitted train step (corruption, forward, backward, AdamW) on
 the same batch: rows of `seq` tokens whose first quarter is a prompt (no loss) and the rest
@@ -13,8 +13,6 @@ tokens; target <= 2.2x), BD3LM 3x CARD.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import time
 
 import jax
@@ -27,6 +25,8 @@ from cardjax.model import ModelConfig, create_model
 from cardjax.objectives import make_objective
 from cardjax.train.optimizer import make_optimizer
 from cardjax.train.step import make_train_step
+
+from benchmarks.common import announce
 
 OBJECTIVES = ("ar", "card", "mars", "mdlm", "bd3lm")
 
@@ -81,9 +81,7 @@ def main():
                     num_heads=args.heads, num_kv_heads=args.heads, mask_token_id=3,
                     dtype=args.dtype, max_position_embeddings=max(2048, args.seq))
   data = batch(args.batch, args.seq, args.vocab)
-  device = jax.devices()[0]
-  print(f"machine: {device.device_kind} ({jax.default_backend()}), {os.cpu_count()} host cores, "
-        f"{platform.python_version()}, jax {jax.__version__}")
+  announce("train step")
   print(f"model: {args.layers} layers x {args.hidden} wide, vocab {args.vocab}, "
         f"{args.batch} rows x {args.seq} tokens, block {args.block}, {args.dtype}")
   times = {}

@@ -1,4 +1,5 @@
-"""benchmarks/mdlm_context.py: the masked CE by mask rate against a plain numpy rendering."""
+"""benchmarks/studies/mdlm_context.py: the masked CE by mask rate against a plain numpy
+rendering."""
 
 from __future__ import annotations
 
@@ -10,11 +11,10 @@ import numpy as np
 import pytest
 
 import objectives_reference as ref
-from bench_module import load
 from objectives_helpers import MASK, forward, make_batch, np_batch, small_model
+from benchmarks.studies import mdlm_context as ctx
 from cardjax.attention import BIDIRECTIONAL
 
-ctx = load("mdlm_context")
 ROWS = [[(0, 16)], [(4, 12)], [(0, 6), (0, 10)], [(0, 1), (0, 9)]]
 
 

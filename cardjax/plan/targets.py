@@ -99,16 +99,20 @@ def parse_target(name: str) -> Target:
 
 
 def add_libtpu_path() -> bool:
-  """Put LIBTPU_DIR on sys.path (before jax starts: jax looks for libtpu once). True when
-  libtpu is importable afterwards."""
+  """Point jax at the libtpu in LIBTPU_DIR (before jax starts: it looks for libtpu once), by
+  TPU_LIBRARY_PATH, the variable jax reads first and `import libtpu` itself sets: the
+  library, not the folder, so nothing else in LIBTPU_DIR becomes importable. True when jax
+  will find a libtpu (this one, or one installed in the environment)."""
   import importlib.util
 
-  if os.path.isdir(os.path.join(LIBTPU_DIR, "libtpu")) and LIBTPU_DIR not in sys.path:
-    sys.path.insert(0, LIBTPU_DIR)
+  library = os.path.join(LIBTPU_DIR, "libtpu", "libtpu.so")
+  if os.path.isfile(library):
+    os.environ.setdefault("TPU_LIBRARY_PATH", library)
   # libtpu takes a machine-wide lock file unless told otherwise: compile-only plans drive no
   # TPU, so two of them (or a plan beside a test) may load it at once.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-  return importlib.util.find_spec("libtpu") is not None
+  return (os.path.isfile(os.environ.get("TPU_LIBRARY_PATH", ""))
+          or importlib.util.find_spec("libtpu") is not None)
 
 
 def target_devices(target: Target) -> list:

@@ -1,14 +1,15 @@
 """What a forward with a few new tokens costs on this CPU, matmul by matmul, under each of
 XLA:CPU's matmul libraries.
 
-  python benchmarks/cpu_matmul.py [--tokens 1,4,8,16] [--repeats 5]
+  python -m benchmarks.studies.cpu_matmul [--tokens 1,4,8,16] [--repeats 5]
 
 A MARS forward reads M = 4-9 tokens where an AR step reads one. At M = 1 a layer's matmuls
 are vector-matrix products, bound by reading the weights; at M = 8 they do 8x the FLOPs on
 the same weights, so on a processor that multiplies fast enough the forward should cost
 about what M = 1 costs. This times the matmuls of SmolLM2-135M's 30 decoder layers (q, k, v,
 o, gate, up, down; fp32; no attention, norms or LM head) in one jitted function for each M,
-once per XLA:CPU setting (each in its own process, since XLA_FLAGS is read at start-up):
+once per XLA:CPU setting (each in its own process, since XLA_FLAGS is read at start-up, run
+from the same working directory, the repo root):
 XLA's default (profiled in docs/real_model.md: Eigen's matrix-vector kernel at M = 1,
 YNNPACK for M > 1), Eigen for every dot (YNNPACK fusion off), XNNPACK and YNNPACK dot
 fusions, oneDNN, and single-threaded Eigen.
@@ -84,10 +85,9 @@ def main() -> None:
     print(json.dumps(measure(tokens, args.repeats)))
     return
 
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  from cardjax import machine
+  from benchmarks.common import announce, range_cell
 
-  print(f"== {machine.line(machine.describe())}")
+  announce()
   flops = {m: 2 * m * LAYERS * sum(a * b for a, b in SHAPES) for m in tokens}
   print(f"== {LAYERS} layers of SmolLM2-135M's matmuls, fp32, "
         f"{4 * LAYERS * sum(a * b for a, b in SHAPES) / 1e6:.0f} MB of weights\n")
@@ -95,9 +95,9 @@ def main() -> None:
         + " |\n|---|" + "---|" * len(tokens))
   for name, flags in SETTINGS.items():
     env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + flags).strip())
-    proc = subprocess.run([sys.executable, __file__, "--child", "--tokens", args.tokens,
-                           "--repeats", str(args.repeats)], env=env, capture_output=True,
-                          text=True)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.studies.cpu_matmul", "--child",
+                           "--tokens", args.tokens, "--repeats", str(args.repeats)],
+                          env=env, capture_output=True, text=True)
     if proc.returncode != 0:
       why = (proc.stderr.strip().splitlines() or ["no output"])[-1][:100]
       print(f"| {name} | not available in this jaxlib: {why} |", flush=True)
@@ -107,7 +107,7 @@ def main() -> None:
     cells = []
     for m in tokens:
       med = statistics.median(got[m])
-      cells.append(f"{med:.1f} [{min(got[m]):.1f}-{max(got[m]):.1f}], {med / one:.2f}x, "
+      cells.append(f"{range_cell(med, min(got[m]), max(got[m]), 1)}, {med / one:.2f}x, "
                    f"{flops[m] / med / 1e6:.1f}")
     print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
 

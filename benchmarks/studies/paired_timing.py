@@ -1,9 +1,11 @@
 """AR and MARS on the same model, timed in alternation: a speedup that VM drift cannot fake.
 
-  python benchmarks/paired_timing.py --run runs/smollm2/mars --taus 0.95 --n 16 --pairs 3
+  python -m benchmarks.studies.paired_timing --run runs/smollm2/mars --taus 0.95 --n 16 \
+      --pairs 3
 
 A shared VM's speed drifts by 10-30% over minutes, so two decoders timed one after the other
-(as benchmarks/real_model.py and decode.py do, section by section) can differ by the drift.
+(as benchmarks.real_model and benchmarks.decode do, section by section) can differ by the
+drift.
 Here every round decodes the prompt set once with each decoder in turn (AR with a KV cache,
 then MARS at each tau, then `--verify`), after a warm-up that compiles every shape; each
 round gives one ratio per method, and the table reports the median ratio and its range over
@@ -11,7 +13,7 @@ rounds. The prompts are the first --n arith_sft test problems (built with the ru
 set CARDJAX_DATA_DIR as for training).
 
 `--forward-tokens 1,5,8` also times, in each round, a jitted loop of cached forwards of that
-many new tokens (benchmarks/decode_forward.py's forward_ms): the cost of a multi-token
+many new tokens (benchmarks.decode_forward's forward_ms): the cost of a multi-token
 forward relative to a one-token one, measured next to the decodes whose speedup it predicts
 (tokens/forward x ms(1) / ms(w)), since on a shared VM that ratio itself moves from run to
 run.
@@ -23,15 +25,14 @@ import argparse
 import dataclasses
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cardjax import checkpoint
+from cardjax.eval import inputs, measure, suite
+from cardjax.decoding.methods import Options, make_decoder
 
-from cardjax import checkpoint, machine  # noqa: E402
-from cardjax.eval import inputs, measure, suite  # noqa: E402
-from cardjax.decoding.methods import Options, make_decoder  # noqa: E402
+from benchmarks import common
 
 
 def timed_pass(decode, chunks) -> tuple[float, int, int]:
@@ -46,8 +47,7 @@ FORWARD_SLOTS = 256
 
 def spread(values: list[float], digits: int, unit: str = "") -> str:
   """'median [min-max]' of a method's values over rounds."""
-  f = f".{digits}f"
-  return (f"{statistics.median(values):{f}}{unit} [{min(values):{f}}-{max(values):{f}}]")
+  return common.spread(values, digits, unit, statistics.median)
 
 
 def forward_summary(rounds: list[dict], methods, widths: list[int]) -> str:
@@ -99,13 +99,13 @@ def main() -> None:
   if args.verify:
     methods["mars --verify"] = make_decoder("mars", frozen, "mars",
                                             dataclasses.replace(opt, verify=True))
-  info = machine.describe()
-  print(f"== {machine.line(info)}\n== {args.run} step {step}, {len(prompts)} problems, "
+  info = common.announce()
+  print(f"== {args.run} step {step}, {len(prompts)} problems, "
         f"batch {args.batch}, {args.pairs} rounds", flush=True)
   chunks = {name: measure.warm_up(d, prompts, args.batch) for name, d in methods.items()}
   widths = [int(t) for t in args.forward_tokens.split(",") if t]
   if widths:
-    from decode_forward import forward_ms  # benchmarks/ is this script's folder
+    from benchmarks.decode_forward import forward_ms  # imports jax and the model
 
     def forward_table() -> dict[int, float]:
       return {w: forward_ms(frozen.graphdef, frozen.state, args.batch, w, FORWARD_SLOTS,

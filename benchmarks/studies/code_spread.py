@@ -1,9 +1,9 @@
 """How far a code recipe moves with its seed (and its rounding), and whether it has settled.
 
-  python benchmarks/code_spread.py --workdir runs/bench_decode --models card,card_half \
+  python -m benchmarks.studies.code_spread --workdir runs/bench_decode --models card,card_half \
       --seeds 0,1,2 [--extra mask2=runs/other/runs/seed2/card@2]
 
-Trains nothing: it grades every checkpoint kept by the code models that benchmarks/decode.py
+Trains nothing: it grades every checkpoint kept by the code models that benchmarks.decode
 trained under WORKDIR/runs (seed 0 in runs/NAME, seed S in runs/seedS/NAME; the code recipes
 of configs/decode_bench.py keep one every 800 steps). Per checkpoint:
 - judge NLL: the greedy AR continuation (64 tokens) of the code prompts in
@@ -25,17 +25,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cardjax import checkpoint
+from cardjax.decoding.methods import Options, make_decoder
+from cardjax.eval import measure, nll
+from cardjax.restore import LoadedRun, load_run
 
-from cardjax import checkpoint, machine  # noqa: E402
-from cardjax.decoding.methods import Options, make_decoder  # noqa: E402
-from cardjax.eval import measure, nll  # noqa: E402
-from cardjax.restore import LoadedRun, load_run  # noqa: E402
-from decode import run_dir  # noqa: E402  (where decode.py keeps each seed's runs)
+from benchmarks.common import announce, run_dir, spread
 
 NEW_TOKENS, BLOCK = 64, 8  # as the code table (benchmarks/decode.py)
 
@@ -63,10 +60,6 @@ def grade(loaded: LoadedRun, judge: LoadedRun, prompts, data_dir: str, batches: 
           "heldout_nll": held["loss" if loaded.objective == "mdlm" else "ar_nll"]}
 
 
-def spread(values: list[float]) -> str:
-  return f"{statistics.mean(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
-
-
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -84,8 +77,8 @@ def main() -> None:
   models = [m for m in args.models.split(",") if m]
   inputs_file = workdir / "inputs.json"
   if not inputs_file.is_file():
-    raise SystemExit(f"{inputs_file} is missing: train with benchmarks/decode.py --tasks code "
-                     "--train-only first (it writes the prompt sets)")
+    raise SystemExit(f"{inputs_file} is missing: train with python -m benchmarks.decode --tasks "
+                     "code --train-only first (it writes the prompt sets)")
   prompts = json.loads(inputs_file.read_text())["code"]["prompts"]
   extras = []
   for item in args.extra:
@@ -94,8 +87,7 @@ def main() -> None:
     if not (label and path and seed.isdigit()):
       raise SystemExit(f"--extra {item!r}: write LABEL=RUN_DIR@SEED")
     extras.append((label, Path(path).absolute(), int(seed)))
-  info = machine.describe()
-  print(f"== {machine.line(info)}", flush=True)
+  info = announce()
 
   judges: dict[int, LoadedRun] = {}
 

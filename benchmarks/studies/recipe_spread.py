@@ -1,6 +1,6 @@
 """How far an arith recipe's exact match moves with the seed, and when in training it settles.
 
-  python benchmarks/recipe_spread.py --config configs/decode_bench.py:sft --seeds 0,1,2 \
+  python -m benchmarks.studies.recipe_spread --config configs/decode_bench.py:sft --seeds 0,1,2 \
       --every 500 --workdir runs/spread/sft [--config.train.lr=1e-3 ...]
 
 Trains the recipe once per seed (config.seed sets the init, the data order and the
@@ -21,13 +21,15 @@ import json
 import statistics
 from pathlib import Path
 
-from cardjax import checkpoint, machine
+from cardjax import checkpoint
 from cardjax.config import load_config
 from cardjax.data import arith
 from cardjax.data.prepare import prepare
 from cardjax.eval import inputs, measure
 from cardjax.decoding.methods import Options, make_decoder
 from cardjax.train import train
+
+from benchmarks.common import announce
 
 
 def grade_at(run: Path, step: int, prompts, answers, batch: int,
@@ -60,8 +62,7 @@ def main() -> None:
     parser.error(f"unknown arguments {bad}; config overrides look like --config.train.lr=1e-3")
   workdir = Path(args.workdir).absolute()
   seeds = [int(s) for s in args.seeds.split(",")]
-  info = machine.describe()
-  print(f"== {machine.line(info)}", flush=True)
+  info = announce()
 
   runs, prompts, answers = {}, None, None
   table: dict[int, dict[int, tuple[float, float]]] = {}

@@ -1,5 +1,7 @@
 """Compare a decode benchmark run with a recorded one, row by row, within the recorded spread.
 
+The judge of `python -m benchmarks.check` (make bench-check) and its --compare.
+
 A recorded figure is a range, not a point: quality spans its training seeds, tokens/s its
 timing repeats. A new run reproduces a row when
 - its quality (mean over seeds) lies inside the recorded seeds' range, widened by
@@ -51,7 +53,7 @@ def _base(rows: Sequence[dict], row: dict) -> dict | None:
 
 def compare(recorded: dict, new: dict, quality_slack: float = 0.05, tpf_slack: float = 0.1,
             speed_slack: float = 0.1) -> list[Verdict]:
-  """One Verdict per recorded row and measure (results.json of benchmarks/decode.py)."""
+  """One Verdict per recorded row and measure (results.json of benchmarks.decode)."""
   same_cpu = recorded["machine"].get("cpu") == new["machine"].get("cpu")
   new_rows = {_key(r): r for r in new["rows"]}
   out = []

@@ -1,6 +1,6 @@
 """Does a masked-diffusion (MDLM) checkpoint use its context? Masked CE by mask rate.
 
-  python benchmarks/mdlm_context.py RUN [RUN ...] [--data-dir DIR] [--batches 8]
+  python -m benchmarks.studies.mdlm_context RUN [RUN ...] [--data-dir DIR] [--batches 8]
 
 For each run (a `cardjax train` folder of an mdlm model) and each fixed mask rate t, masks
 every maskable token of the first --batches validation batches with probability t (the same
@@ -77,11 +77,12 @@ def main() -> None:
   parser.add_argument("--json", default="", help="also write the rows here")
   args = parser.parse_args()
 
-  from cardjax import machine
   from cardjax.eval import nll
   from cardjax.restore import load_run
 
-  print(f"== {machine.line(machine.describe())}", flush=True)
+  from benchmarks.common import announce
+
+  info = announce()
   rows, batches = [], None
   for path in args.runs:
     loaded = load_run(path)
@@ -99,7 +100,7 @@ def main() -> None:
     print(f"| {path} | {loaded.step} | " + " | ".join(f"{ce[t]:.2f}" for t in RATES)
           + f" | {entropy:.2f} |", flush=True)
   if args.json:
-    Path(args.json).write_text(json.dumps({"machine": machine.describe(), "rows": rows},
+    Path(args.json).write_text(json.dumps({"machine": info, "rows": rows},
                                           indent=1) + "\n")
 
 

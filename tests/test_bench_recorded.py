@@ -1,8 +1,9 @@
-"""bench-check's comparison: a new run against a recorded one, within the recorded spread."""
+"""benchmarks/recorded.py, bench-check's comparison: a new run against a recorded one, within
+the recorded spread."""
 
 import copy
 
-from cardjax.decoding import recorded
+from benchmarks import recorded
 
 AMD = {"cpu": "AMD EPYC 7B13"}
 
