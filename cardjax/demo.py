@@ -88,6 +88,15 @@ def _decode(workdir: Path) -> list[dict]:
   return rows
 
 
+def add_arguments(p) -> None:
+  p.add_argument("--workdir", default="runs/demo", help="where every artefact is written")
+
+
+def run(args) -> None:
+  """`cardjax demo`: its --config.k=v overrides apply to every config the demo loads."""
+  run_demo(args.workdir, args.overrides)
+
+
 def run_demo(workdir: str | Path, overrides=()) -> dict:
   from cardjax import checkpoint, hf
   from cardjax.config import load_config, model_config

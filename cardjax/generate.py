@@ -10,7 +10,20 @@ import time
 from cardjax.errors import CardjaxError
 
 
-def run_generate(args) -> None:
+def add_arguments(p) -> None:
+  from cardjax.decoding.cli import add_decoding_arguments
+
+  p.add_argument("--checkpoint", required=True, help="a run folder or its checkpoints/")
+  group = p.add_mutually_exclusive_group(required=True)
+  group.add_argument("--prompt", help="one prompt")
+  group.add_argument("--prompts", help="a file with one prompt per line")
+  add_decoding_arguments(p)
+  p.add_argument("--batch", type=int, default=1, help="prompts decoded together")
+  p.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
+  p.add_argument("--tokenizer", default="", help="HF tokenizer folder (default: the run's)")
+
+
+def run(args) -> None:
   """Restore on a mesh of all local devices (fsdp: parameters and batch rows sharded, the
   KV cache with them) and decode under it; on one device the mesh is trivial."""
   import contextlib

@@ -103,3 +103,47 @@ def test_train_builds_a_missing_embedded_dataset(tmp_path, capsys):
   odd[odd.index("--workdir") + 1] = str(tmp_path / "odd")
   assert main(odd) == 2
   assert "batch_size=4 does not split over the 8 devices" in capsys.readouterr().err
+
+
+def _helps():
+  """(command, its --help text) for every command of the table, data build/show included."""
+  from cardjax.cli import COMMANDS, build_parser
+  from cardjax.cli_flags import parser_tree
+
+  for command in COMMANDS:
+    parser = build_parser([command.name])
+    sub = next(a for a in parser._actions if a.dest == "command").choices[command.name]
+    for p in parser_tree(sub):
+      yield p.prog, p.format_help()
+
+
+def test_every_help_lists_dashed_flags_and_the_underscore_note():
+  import re
+
+  helps = dict(_helps())
+  assert {"cardjax data build", "cardjax data show", "cardjax serve"} <= set(helps)
+  for prog, text in helps.items():
+    text = " ".join(text.split())
+    note = re.search(r"\((--\w+)\) are accepted until the next release", text)
+    flags = set(re.findall(r"(?<![\w.])--[a-z][\w-]*", text))
+    underscored = {f for f in flags if "_" in f}  # only the note's example
+    assert underscored == ({note.group(1)} if note else set()), prog
+    assert bool(note) == any("-" in f[2:] for f in flags - underscored), prog
+
+
+def test_underscore_spellings_are_rewritten_and_only_flags():
+  from cardjax.cli_flags import dashed, free_options
+
+  flags = {"--data-dir", "--max-new-tokens", "--config"}
+  argv = ["--data_dir", "d", "--max_new_tokens=8", "--config.model.num_layers=2",
+          "--train_size", "5", "--", "--data_dir"]
+  assert dashed(argv, flags) == ["--data-dir", "d", "--max-new-tokens=8",
+                                 "--config.model.num_layers=2", "--train_size", "5", "--",
+                                 "--data_dir"]
+  assert free_options(["--train-size", "5", "--test_size=2", "--flag"]) == (
+      {"train_size": "5", "test_size": "2"}, ["--flag"])
+
+
+def test_overrides_are_refused_by_a_command_that_takes_none(capsys):
+  assert main(["export-hf", "/nonexistent/ckpt", "/tmp/out", "--config.model.dtype=x"]) == 2
+  assert "export-hf takes no --config overrides" in capsys.readouterr().err

@@ -299,7 +299,7 @@ def test_unknown_builder_and_option(tmp_path):
 def test_load_unbuilt_and_unknown_split(tmp_path):
   with pytest.raises(CardjaxError, match=r"dataset arith_sft \(options train_size=10, "
                      r"test_size=2\) is not built in .*missing; run `cardjax data build "
-                     r"arith_sft --data_dir .*missing --train_size 10 --test_size 2`"):
+                     r"arith_sft --data-dir .*missing --train-size 10 --test-size 2`"):
     load_source("arith_sft", "train", tmp_path / "missing", train_size=10, test_size=2)
   build("arith_sft", tmp_path, train_size=10, test_size=2)
   with pytest.raises(CardjaxError, match=r"not built"):  # other options: another build

@@ -88,10 +88,12 @@ def test_clear_errors(tmp_path, arith_dir):
 
 
 def test_cli_data_build_and_show(tmp_path, capsys):
-  args = ["--data_dir", str(tmp_path), "--train_size", "50", "--test_size", "5"]
+  args = ["--data-dir", str(tmp_path), "--train-size", "50", "--test-size", "5"]
   assert main(["data", "build", "arith_sft", *args]) == 0
   assert "{'train': 50, 'test': 5}" in capsys.readouterr().out
-  assert main(["data", "show", "arith_sft", *args, "--n", "2", "--split", "test"]) == 0
+  # The underscore spellings of before the flags were dashed, accepted for one release.
+  old = [f"--data_dir={tmp_path}", "--train_size", "50", "--test_size", "5"]
+  assert main(["data", "show", "arith_sft", *old, "--n", "2", "--split", "test"]) == 0
   out = capsys.readouterr().out
   assert out.count("-- row") == 2 and "\u27e6" in out and "The answer is" in out
   assert main(["data", "build", "arith_sft", *args, "--bogus", "1"]) == 2

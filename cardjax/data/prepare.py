@@ -94,7 +94,7 @@ def load_data_tokenizer(config) -> Tokenizer:
 
 def build_command(config) -> str:
   command = builders.build_command(config.data.dataset, data_dir(config), **builder_options(config))
-  return command + f" --tokenizer_vocab {config.data.tokenizer_vocab}"
+  return command + f" --tokenizer-vocab {config.data.tokenizer_vocab}"
 
 
 def pipeline_spec(config, **changes) -> PipelineSpec:

@@ -1,8 +1,7 @@
 """`cardjax eval --checkpoint RUN --task nll|arith|jsonl [--compare RUN2] [--out FILE]`.
 
-The decoding flags (--method, --tau, --block, ...) are `cardjax generate`'s, defined once in
-cardjax/cli.py (decoding_args) and parsed once (decoding/cli.py: options_from_args). This
-module imports no jax at import time: cardjax/cli.py builds every parser on each call.
+The decoding flags (--method, --tau, --block, ...) are `cardjax generate`'s, defined once
+(decoding/cli.py: add_decoding_arguments) and parsed once (options_from_args).
 """
 
 from __future__ import annotations
@@ -14,7 +13,8 @@ from cardjax.errors import CheckpointError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-  """The flags of `cardjax eval` other than the decoding ones."""
+  """The flags of `cardjax eval`: its own, then the decoding ones."""
+  from cardjax.decoding.cli import add_decoding_arguments
   from cardjax.eval.tasks import TASKS
 
   p.add_argument("--checkpoint", required=True, help="a run folder or its checkpoints/")
@@ -49,9 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  help="compare answers ignoring case, spaces, ',' '$' and a final '.'")
   g.add_argument("--no-chat", action="store_true",
                  help="feed prompts as written, not in the checkpoint's chat template")
+  add_decoding_arguments(p)
 
 
-def run_eval(args) -> int:
+def run(args) -> int:
   """Evaluate --checkpoint (and --compare) on --task; print the table, write --out."""
   import contextlib
 

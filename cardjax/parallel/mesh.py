@@ -54,3 +54,10 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices=None, slic
   dcn = (slices,) + (1,) * (len(shape) - 1)
   grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
   return jax.sharding.Mesh(grid, MESH_AXES, axis_types=axis_types)
+
+
+def local_mesh():
+  """All local devices on the fsdp axis, or None on one device: the commands that load or
+  write a whole model (init, import-hf, import-gguf, export-hf) shard a large one over every
+  device and replicate a small one."""
+  return make_mesh(1, -1, 1) if jax.device_count() > 1 else None

@@ -36,6 +36,7 @@ def parse_sizes(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(p) -> None:
+  """The flags of `cardjax serve`."""
   p.add_argument("--checkpoint", required=True, help="a run folder or its checkpoints/")
   p.add_argument("--method", default="ar",
                  help="default decoding method: ar | mars | card | dus | eb | cb (a request "
@@ -103,7 +104,7 @@ def add_arguments(p) -> None:
   p.add_argument("--log-level", default="warning", help="uvicorn's log level")
 
 
-def run_serve(args) -> None:
+def run(args) -> None:
   import jax
   import uvicorn
 

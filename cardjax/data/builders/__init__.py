@@ -62,10 +62,10 @@ def build(name: str, data_dir: str | os.PathLike, **options) -> tfds.core.Datase
 
 def build_command(name: str, data_dir: str | os.PathLike, **options) -> str:
   """The `cardjax data build` command line that builds this dataset."""
-  args = ["cardjax", "data", "build", name, "--data_dir", _abs(data_dir)]
-  for key, value in options.items():
+  args = ["cardjax", "data", "build", name, "--data-dir", _abs(data_dir)]
+  for key, value in options.items():  # flags with dashes: --train-size is train_size
     text = ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
-    args += [f"--{key}", text]
+    args += [f"--{key.replace('_', '-')}", text]
   return " ".join(shlex.quote(a) for a in args)
 
 

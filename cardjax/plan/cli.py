@@ -1,0 +1,52 @@
+"""`cardjax plan --config F --topology T`: compile the config's train step for a TPU slice
+or a GPU node and report memory and time (cardjax/plan/__init__.py).
+
+before_jax sets the environment jax must start with (CPU default backend, libtpu on the
+path, simulated GPU devices), so this module and its package import no jax at import time.
+"""
+
+from __future__ import annotations
+
+from cardjax.errors import CardjaxError
+
+DESCRIPTION = (
+    "Compiles the config's real train step (no weights allocated) for a TPU slice (v4-N, "
+    "v5p-N: N TensorCores, N/2 chips; v5e-N, v6e-N: N chips; compile-only devices from "
+    "libtpu, which `make install` puts beside the venv) or a GPU node (8xH200, 8xH100, "
+    "8xA100: simulated CPU devices, an estimate). Exit 0: fits as given; 3: fits with the "
+    "grad_accum printed; 1: does not fit.")
+
+
+def add_arguments(p) -> None:
+  p.description = DESCRIPTION
+  p.add_argument("--topology", required=True, help="v5p-64, v5e-16, v6e-8, v4-32, 8xH200, ...")
+  p.add_argument("--mfu", type=float, default=0.4, help="assumed MFU for the step time")
+  p.add_argument("--no-search", action="store_true",
+                 help="do not try larger grad_accum when the step does not fit")
+  p.add_argument("--json", default="", help="also write the plans to this JSON file")
+
+
+def before_jax(args) -> None:
+  from cardjax.plan import plan_env
+
+  plan_env(args.topology)
+
+
+def run(args) -> int:
+  import json
+  from pathlib import Path
+
+  from cardjax.config import load_config
+  from cardjax.plan import report, run_plan
+
+  config = load_config(args.config, args.overrides)
+  if not 0 < args.mfu <= 1:
+    raise CardjaxError(f"--mfu={args.mfu} must lie in (0, 1] (e.g. 0.4 for 40%)")
+  plans = run_plan(config, args.topology, search=not args.no_search)
+  print(report(config, plans, args.mfu))
+  if args.json:
+    Path(args.json).write_text(json.dumps(
+        {"config": args.config, "overrides": args.overrides, "topology": args.topology,
+         "mfu": args.mfu, "plans": [dict(vars(p), target=vars(p.target)) for p in plans]},
+        indent=1))
+  return 0 if plans[-1].fits and plans[-1] is plans[0] else (3 if plans[-1].fits else 1)
