@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # a test is compiling or waiting on a subprocess, so two overlap (28 -> 21 min there).
 TEST_WORKERS ?= 2
 
-.PHONY: demo test test-slow bench-decode bench-check bench-pack smollm2 bench-real install clean
+.PHONY: demo test lint test-slow bench-decode bench-check bench-pack smollm2 bench-real install clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -33,6 +33,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+
+# ruff with the project's rules ([tool.ruff] in pyproject.toml); CI runs it before the tests.
+lint: $(STAMP)
+	$(BIN)/ruff check .
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)

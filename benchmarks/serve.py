@@ -8,19 +8,19 @@
 
 For each method it starts a server on a free loopback port with --warmup-width (every
 compiled batch size and prompt width is built before serving; or, with --url, it uses the
-server running there with whatever method it serves), then runs each level: C client threads, each
-sending --requests chat completions one after another (arithmetic questions, greedy,
-ignore_eos so every request writes exactly --max-tokens tokens and the levels compare like
-for like; --sampling: each level once per setting, in turn: `greedy`, `sampled`
-(temperature 0.7, top_p 0.9, no seed) or `mixed` (odd-numbered clients sampled, the others
-greedy), which share the server's steps). --schedulers runs each method once per scheduler: `continuous` (rows keep their
-KV cache, `cardjax serve --slots N --span-min S`: a step reads only the span its rows
-reach), `continuous-full` (the same with `--span-min 0`: every step reads all N slots) and
-`chunked` (`--slots 0`: every chunk re-prefills its rows). --variants runs each of those
-once per '|'-separated set of extra `cardjax serve` flags (the empty set: the defaults),
-labelled with them: the A/B of a server option in one run, e.g. the shared-prefix cache
-(`--prefix-page 0` turns it off) and batched admission (`--prefill-rows 1`: one prefill
-forward per request).
+server running there with whatever method it serves), then runs each level: C client
+threads, each sending --requests chat completions one after another (arithmetic questions,
+greedy, ignore_eos so every request writes exactly --max-tokens tokens and the levels
+compare like for like; --sampling: each level once per setting, in turn: `greedy`,
+`sampled` (temperature 0.7, top_p 0.9, no seed) or `mixed` (odd-numbered clients sampled,
+the others greedy), which share the server's steps). --schedulers runs each method once
+per scheduler: `continuous` (rows keep their KV cache, `cardjax serve --slots N --span-min
+S`: a step reads only the span its rows reach), `continuous-full` (the same with
+`--span-min 0`: every step reads all N slots) and `chunked` (`--slots 0`: every chunk
+re-prefills its rows). --variants runs each of those once per '|'-separated set of extra
+`cardjax serve` flags (the empty set: the defaults), labelled with them: the A/B of a
+server option in one run, e.g. the shared-prefix cache (`--prefix-page 0` turns it off)
+and batched admission (`--prefill-rows 1`: one prefill forward per request).
 Per level: generated tokens/s and requests/s over the level's wall time, tokens/s in its
 steady window (while every client had a request out: no ramp at the level's ends), p50
 and p99 request latency, the mean tokens per forward the server reported, and the mean

@@ -326,8 +326,8 @@ def test_sigterm_saves_and_resume_matches(data_dir, tmp_path):
           "--config.train.eval_every=0", "--config.train.schedule=constant"]
   # The same 8 simulated devices as this process (conftest's XLA_FLAGS), so that the
   # stopped run, the resumed run and the straight run reduce in the same order.
-  proc = subprocess.Popen(args, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True)
+  proc = subprocess.Popen(args, env=dict(os.environ), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
   metrics = tmp_path / "run" / "metrics.jsonl"
   deadline = time.time() + 240
   while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):

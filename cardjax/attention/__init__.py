@@ -38,5 +38,5 @@ def attend(q, k, v, spec: MaskSpec, q_meta, k_meta, impl: str = "xla",
 
 
 __all__ = ["MaskSpec", "CAUSAL", "BIDIRECTIONAL", "CLEAN", "NOISY", "STRUCTURED_TWO_STREAM",
-           "IMPLEMENTATIONS", "AttentionImplError", "attend", "cache_attention", "dense_mask", "reference_attention",
-           "structured_attention"]
+           "IMPLEMENTATIONS", "AttentionImplError", "attend", "cache_attention", "dense_mask",
+           "reference_attention", "structured_attention"]

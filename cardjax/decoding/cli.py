@@ -70,8 +70,8 @@ def resolve_block(method: str, block: int, run_config, log=None,
 
 
 def options_from_args(args, stop_ids, pad_id: int, block: int, shift: bool = False):
-  """The Options of parsed decoding flags (add_decoding_arguments), with the tokenizer's stop and pad
-  ids, the resolved block and the checkpoint's shift (MDLM, Dream style)."""
+  """The Options of parsed decoding flags (add_decoding_arguments), with the tokenizer's stop
+  and pad ids, the resolved block and the checkpoint's shift (MDLM, Dream style)."""
   from cardjax.decoding.methods import Options
 
   return Options(

@@ -168,7 +168,8 @@ def code_rows(ar: LoadedRun, cards: dict, mdlm: LoadedRun | None, inputs: dict,
 
 
 HEADER = ("| task | model | method | setting | batch | tokens/forward | tokens/s median "
-          "[range] | speedup vs AR [paired range] | quality |\n|---|---|---|---|---|---|---|---|---|")
+          "[range] | speedup vs AR [paired range] | quality |\n"
+          "|---|---|---|---|---|---|---|---|---|")
 QUALITY = {"exact_match": "EM", "judge_nll": "NLL"}
 
 

@@ -175,8 +175,8 @@ def save_pretrained(model: Decoder, path: str | Path, dtype: str | None = None,
   return path
 
 
-__all__ = ["from_pretrained", "from_gguf", "load_tensors", "save_pretrained", "hf_tensors", "asset_files",
-           "model_config_from_hf", "hf_config_from_model", "SafetensorsReader"]
+__all__ = ["from_pretrained", "from_gguf", "load_tensors", "save_pretrained", "hf_tensors",
+           "asset_files", "model_config_from_hf", "hf_config_from_model", "SafetensorsReader"]
 
 
 def from_gguf(path: str | Path, mesh=None, **overrides) -> Decoder:

@@ -45,8 +45,10 @@ class Attention(nnx.Module):
       k = k + self.k_bias[...].astype(dt)
       v = v + self.v_bias[...].astype(dt)
     positions = meta[0]
-    q = constrain(apply_rope(q, positions, self.inv_freq), ("act_batch", "act_seq", "act_heads", None))
-    k = constrain(apply_rope(k, positions, self.inv_freq), ("act_batch", "act_seq", "act_kv_heads", None))
+    q = constrain(apply_rope(q, positions, self.inv_freq),
+                  ("act_batch", "act_seq", "act_heads", None))
+    k = constrain(apply_rope(k, positions, self.inv_freq),
+                  ("act_batch", "act_seq", "act_kv_heads", None))
     v = constrain(v, ("act_batch", "act_seq", "act_kv_heads", None))
     return q, k, v
 

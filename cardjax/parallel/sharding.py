@@ -3,7 +3,8 @@
 Parameters and activations name their dimensions logically ('embed', 'heads', 'act_batch').
 The rules table maps each name to mesh axes (data, fsdp, tensor). A dimension whose size
 the mesh axes do not divide keeps the longest prefix of them that does, or is replicated
-(e.g. one kv head on tensor=2), so any model runs on any mesh; the per-parameter result can be read off `param_shardings`.
+(e.g. one kv head on tensor=2), so any model runs on any mesh; the per-parameter result can
+be read off `param_shardings`.
 """
 
 from __future__ import annotations

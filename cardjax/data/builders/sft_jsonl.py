@@ -99,7 +99,8 @@ class SftJsonl(ConversationBuilder):
     wanted = ["train", "validation"] if cfg.validation_percent else ["train"]
     splits = nonempty_splits({s: functools.partial(self._split_lines, files, s) for s in wanted})
     if not splits:
-      raise CardjaxError(f"dataset sft_jsonl: no lines in the files matching {', '.join(cfg.paths)}")
+      raise CardjaxError("dataset sft_jsonl: no lines in the files matching "
+                         f"{', '.join(cfg.paths)}")
     return {s: self._generate_examples(files, s) for s in splits}
 
   def _generate_examples(self, files, split):
@@ -108,5 +109,6 @@ class SftJsonl(ConversationBuilder):
       messages, answer = to_messages(parse_json_line(line, path, lineno), f"{path}:{lineno}")
       count += 1
       # Keyed by the relative path: the record order must not depend on where the files lie.
-      yield f"{rel}:{lineno}", {"messages": json.dumps(messages, ensure_ascii=False), "answer": answer}
+      yield f"{rel}:{lineno}", {"messages": json.dumps(messages, ensure_ascii=False),
+                                "answer": answer}
     LOG.info("sft_jsonl %s: %d conversations", split, count)
