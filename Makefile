@@ -49,7 +49,7 @@ bench-decode: $(STAMP)
 	$(BIN)/python -m benchmarks.decode --workdir runs/bench_decode
 
 # Re-runs a small decode benchmark (arith, 3 seeds, batch 1) and checks every row against
-# the recorded one (docs/bench_check.json) within its spread; exits 1 when one is outside.
+# the recorded one (results/decode/bench_check.json) within its spread; exits 1 when one is outside.
 bench-check: $(STAMP)
 	$(BIN)/python -m benchmarks.check --workdir runs/bench_check
 

@@ -5,9 +5,9 @@
   python -m benchmarks.check --compare RECORDED NEW   # two results.json, no run
 
 `--compare` judges any two results.json of `benchmarks.decode` the same way (e.g. the code
-table in docs/decode_benchmark_code_results.json against a second run of its command).
+table in results/decode/code_2400_2026-12-03_run1.json against its second run, _run2.json).
 
-The recorded run is docs/bench_check.json: the results.json of `benchmarks.decode` with
+The recorded run is results/decode/bench_check.json: the results.json of `benchmarks.decode` with
 CHECK_ARGS (arith only, 3 training seeds, batch 1). The check trains and decodes the same
 command in --workdir (a fresh one unless it holds finished runs) and compares every row
 (benchmarks/recorded.py): quality within the seeds' range, tokens per forward within
@@ -27,7 +27,7 @@ from pathlib import Path
 from benchmarks import recorded
 from benchmarks.common import ROOT
 
-RECORD = ROOT / "docs" / "bench_check.json"
+RECORD = ROOT / "results" / "decode" / "bench_check.json"
 CHECK_ARGS = ["--code-models", "", "--batches", "1", "--taus", "1.0,0.95", "--n-arith", "64",
               "--seeds", "0,1,2", "--repeats", "3"]
 
@@ -37,7 +37,7 @@ def main() -> None:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--workdir", default="runs/bench_check")
   parser.add_argument("--record", action="store_true",
-                      help="copy WORKDIR/results.json to docs/bench_check.json, check nothing")
+                      help="copy WORKDIR/results.json to results/decode/bench_check.json, check nothing")
   parser.add_argument("--compare", nargs=2, metavar=("RECORDED", "NEW"),
                       help="compare two results.json files, run nothing")
   parser.add_argument("--quality-slack", type=float, default=0.05)

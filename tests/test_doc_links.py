@@ -1,0 +1,99 @@
+"""Every relative link in README.md, docs/ and results/ resolves, and docs/ holds no data.
+
+A link is `[text](target)` or `![alt](target)` outside code; http(s) and mailto targets are
+not fetched. A target names a file or folder relative to the page; `#anchor` must be a
+heading of the target page (or of the page itself), slugged as GitHub does: lower case,
+every character but letters, digits, `_`, `-` and spaces dropped, spaces to `-`, and
+`-1`, `-2`, ... appended to repeats.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+FENCE = re.compile(r"^\s*(```|~~~)")
+INLINE_CODE = re.compile(r"`[^`\n]*`")
+
+
+def pages() -> list[Path]:
+  return ([ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
+          + sorted((ROOT / "results").rglob("*.md")))
+
+
+def prose_lines(text: str):
+  """(line number, line) outside fenced code blocks."""
+  fenced = False
+  for n, line in enumerate(text.splitlines(), 1):
+    if FENCE.match(line):
+      fenced = not fenced
+      continue
+    if not fenced:
+      yield n, line
+
+
+def slug(heading: str) -> str:
+  text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link's text only
+  text = re.sub(r"<[^>]+>", "", text).strip().lower()
+  text = re.sub(r"[^\w\- ]", "", text)
+  return text.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+  seen: dict[str, int] = {}
+  out = set()
+  for _, line in prose_lines(page.read_text(encoding="utf-8")):
+    m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+    if not m:
+      continue
+    base = slug(m.group(1))
+    n = seen.get(base, 0)
+    seen[base] = n + 1
+    out.add(base if n == 0 else f"{base}-{n}")
+  return out
+
+
+def links(page: Path):
+  for n, line in prose_lines(page.read_text(encoding="utf-8")):
+    for m in LINK.finditer(INLINE_CODE.sub("", line)):
+      yield n, m.group(1)
+
+
+def test_slug_follows_github():
+  assert slug("Benchmark (`benchmarks/decode.py`)") == "benchmark-benchmarksdecodepy"
+  assert slug("Why tau 0.95 at batch 1 stays near 1.0x") == "why-tau-095-at-batch-1-stays-near-10x"
+  assert slug("Code: 3 training seeds (2026-12-02)") == "code-3-training-seeds-2026-12-02"
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_links_resolve(page: Path):
+  broken = []
+  for n, target in links(page):
+    if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+      continue
+    path, _, anchor = target.partition("#")
+    dest = (page.parent / unquote(path)).resolve() if path else page
+    where = f"{page.relative_to(ROOT)}:{n}: {target}"
+    if not dest.exists():
+      broken.append(f"{where} (no such file)")
+    elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+      broken.append(f"{where} (no heading #{anchor})")
+  assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_docs_hold_no_data():
+  data = [str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*")
+          if p.is_file() and p.suffix != ".md"]
+  assert not data, f"data files belong in results/ (with an entry in results/README.md): {data}"
+
+
+def test_results_index_names_every_file():
+  index = (ROOT / "results" / "README.md").read_text(encoding="utf-8")
+  missing = [str(p.relative_to(ROOT / "results")) for p in (ROOT / "results").rglob("*")
+             if p.is_file() and p.suffix != ".md" and p.name not in index]
+  assert not missing, f"results/README.md does not name: {missing}"
