@@ -5,8 +5,8 @@
 
 Maintained benchmarks (a Makefile target or a shell script here runs them):
 - decode: every decoding method against AR with a KV cache (`make bench-decode`);
-- check: re-runs a small decode benchmark against results/decode/bench_check.json (`make bench-check`),
-  judged by recorded.py;
+- check: re-runs a small decode benchmark against results/decode/bench_check.json
+  (`make bench-check`), judged by recorded.py;
 - pack_runs: the trained runs decode.py reads, packed for another machine (`make bench-pack`);
 - real_model: SmolLM2-135M-Instruct end to end (`make bench-real`);
 - serve: the load test of `cardjax serve` (serve_gpu.sh);

@@ -37,7 +37,8 @@ def main() -> None:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--workdir", default="runs/bench_check")
   parser.add_argument("--record", action="store_true",
-                      help="copy WORKDIR/results.json to results/decode/bench_check.json, check nothing")
+                      help="copy WORKDIR/results.json to results/decode/bench_check.json, "
+                           "check nothing")
   parser.add_argument("--compare", nargs=2, metavar=("RECORDED", "NEW"),
                       help="compare two results.json files, run nothing")
   parser.add_argument("--quality-slack", type=float, default=0.05)
