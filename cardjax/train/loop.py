@@ -8,7 +8,8 @@ of cardjax/train/periodic.py: the NaN check (one step late, so it never stalls t
 the progress bar (loss, tokens/s, MFU, ETA), metrics to WORKDIR/metrics.jsonl and
 TensorBoard, validation, checkpoints (with the data iterator) every train.checkpoint_every
 steps and at the end, and a save and stop on SIGTERM. A NaN or infinite loss stops the run
-with the last good checkpoint left as the latest.
+with the last good checkpoint left as the latest. `--profile-steps A:B` traces steps A to B
+(cardjax/train/profile.py).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from cardjax.train.checkpointing import TrainCheckpointer
 from cardjax.train.metrics import MetricsWriter
 from cardjax.train.optimizer import learning_rate, make_optimizer, sharded_init
 from cardjax.train.periodic import Preempted, TrainingError
+from cardjax.train.profile import ProfileWindow, parse_steps
 from cardjax.train.step import jit_train_step, make_eval_step
 
 __all__ = ["train", "setup", "Job", "TrainingError", "Preempted"]
@@ -51,6 +53,8 @@ RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat", "attention_imp
 def train(config, workdir: str | Path) -> dict:
   """Run (or resume) the training job; returns the last train and eval metrics."""
   workdir = Path(workdir).absolute()
+  # A bad value fails before any work.
+  profile_steps = parse_steps(config.train.profile_steps, config.train.steps)
   workdir.mkdir(parents=True, exist_ok=True)
   if config.train.compilation_cache_dir:
     # Before the first compile; entries are keyed by program, devices and jax version.
@@ -60,7 +64,9 @@ def train(config, workdir: str | Path) -> dict:
                    slices=config.mesh.slices)
   rules = config.mesh.rules or None
   with jax.set_mesh(mesh), (use_rules(rules) if rules else contextlib.nullcontext()):
-    return _loop(setup(config, workdir, mesh))
+    job = setup(config, workdir, mesh)
+    profile = ProfileWindow(profile_steps, workdir / "profile", job.start)
+    return _loop(job, profile)
 
 
 @dataclasses.dataclass
@@ -180,7 +186,7 @@ def setup(config, workdir: Path, mesh) -> Job:
              peak=flops.peak_flops_per_device())
 
 
-def _loop(job: Job) -> dict:
+def _loop(job: Job, profile: ProfileWindow) -> dict:
   """Steps job.start + 1 to train.steps, each followed by the periodic actions due."""
   t = job.config.train
   bar = tqdm(total=t.steps, initial=job.start,
@@ -192,15 +198,18 @@ def _loop(job: Job) -> dict:
   validate = periodic.Validate(t.eval_every, t.steps, t.log_every, clock)
   try:
     with periodic.SigtermFlag() as sigterm:
-      actions = [finite, periodic.Progress(bar), log_line, validate,
+      actions = [finite, periodic.Progress(bar), profile, log_line, validate,
                  periodic.Save(t.checkpoint_every, t.steps, finite),
                  periodic.StopOnSigterm(sigterm, finite)]
       for step in range(job.start + 1, t.steps + 1):  # numbered as metrics.jsonl numbers them
-        job.advance(step)
+        profile.before(step)
+        with jax.profiler.StepTraceAnnotation("train", step_num=step):
+          job.advance(step)
         for action in actions:
           if action.due(step):
             action.run(job, step)
   finally:
+    profile.close()
     bar.close()
     job.close()
   return {"train": log_line.values, "eval": validate.values, "step": t.steps}

@@ -3,7 +3,7 @@ every step. Each has `due(step)` and `run(job, step)`, where `step` is the numbe
 done (the step of metrics.jsonl lines and checkpoints) and `job` the run that
 cardjax/train/loop.py set up.
 
-In list order: the NaN check, the progress bar, a metrics line,
+In list order: the NaN check, the progress bar, the end of a profile window, a metrics line,
 validation, a checkpoint, a SIGTERM stop.
 """
 
