@@ -94,6 +94,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.progress = True  # a progress bar on the terminal
   c.train.compilation_cache_dir = ""  # a persistent XLA cache ("" = off): a restarted
   #   pod job loads the compiled step instead of compiling it again
+  c.train.profile_steps = ""  # "A:B": trace steps A to B into WORKDIR/profile ("" = off;
+  #   `cardjax train --profile-steps A:B`, cardjax/train/profile.py)
   return c
 
 

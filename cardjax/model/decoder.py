@@ -4,6 +4,10 @@ Layers are either a list of blocks or, with `scan_layers`, one block whose param
 stacked on a leading 'layers' axis and run under `lax.scan` (one compiled block: faster
 compiles and smaller HLO for deep models). Both run each block through the same pure
 function, so remat applies identically.
+
+Profiles name the parts (`jax.named_scope`, which only labels the compiled ops): `embed`,
+`block_0`, `block_1`, ... (`block`: the one scanned body that runs every layer),
+inside each `attention` and `mlp`, and `lm_head`.
 """
 
 from __future__ import annotations
@@ -38,15 +42,19 @@ class Block(nnx.Module):
     self.mlp = MLP(cfg, rngs)
 
   def __call__(self, x, meta, spec):
-    x = x + self.attn(self.attn_norm(x), meta, spec)
-    x = x + self.mlp(self.mlp_norm(x))
+    with jax.named_scope("attention"):
+      x = x + self.attn(self.attn_norm(x), meta, spec)
+    with jax.named_scope("mlp"):
+      x = x + self.mlp(self.mlp_norm(x))
     return constrain(x, ("act_batch", "act_seq", "act_embed"))
 
   def cached(self, x, meta, spec, k_all, v_all, layer, k_meta, index):
-    out, k_all, v_all = self.attn.cached(self.attn_norm(x), meta, spec, k_all, v_all, layer,
-                                         k_meta, index)
-    x = x + out
-    return x + self.mlp(self.mlp_norm(x)), k_all, v_all
+    with jax.named_scope("attention"):
+      out, k_all, v_all = self.attn.cached(self.attn_norm(x), meta, spec, k_all, v_all,
+                                           layer, k_meta, index)
+      x = x + out
+    with jax.named_scope("mlp"):
+      return x + self.mlp(self.mlp_norm(x)), k_all, v_all
 
 
 def _run_block(graphdef, state, x, meta, spec):
@@ -98,11 +106,13 @@ class Decoder(nnx.Module):
       run = jax.checkpoint(_run_block, policy=_REMAT[cfg.remat], static_argnums=(0, 4))
     if cfg.scan_layers:
       graphdef, state = nnx.split(self.layers)
-      x, _ = jax.lax.scan(lambda h, s: (run(graphdef, s, h, meta, spec), None), x, state)
+      with jax.named_scope("block"):
+        x, _ = jax.lax.scan(lambda h, s: (run(graphdef, s, h, meta, spec), None), x, state)
     else:
-      for block in self.layers:
+      for i, block in enumerate(self.layers):
         graphdef, state = nnx.split(block)
-        x = run(graphdef, state, x, meta, spec)
+        with jax.named_scope(f"block_{i}"):
+          x = run(graphdef, state, x, meta, spec)
     return self.final_norm(x)
 
   def forward_cached(self, tokens, cache: KVCache, positions=None, segment_ids=None,
@@ -130,10 +140,13 @@ class Decoder(nnx.Module):
         h, k, v = nnx.merge(graphdef, s).cached(h, meta, spec, k, v, i, k_meta, index)
         return (h, k, v), None
 
-      (x, k, v), _ = jax.lax.scan(body, (x, k, v), (state, jnp.arange(self.cfg.num_layers)))
+      with jax.named_scope("block"):
+        (x, k, v), _ = jax.lax.scan(body, (x, k, v),
+                                    (state, jnp.arange(self.cfg.num_layers)))
     else:
       for i, block in enumerate(self.layers):
-        x, k, v = block.cached(x, meta, spec, k, v, i, k_meta, index)
+        with jax.named_scope(f"block_{i}"):
+          x, k, v = block.cached(x, meta, spec, k, v, i, k_meta, index)
     cache = dataclasses.replace(cache, k=k, v=v, index=index + tokens.shape[1])
     if logits_at is not None:
       x = jnp.take_along_axis(x, jnp.asarray(logits_at, jnp.int32)[..., None], axis=1)
@@ -160,9 +173,10 @@ class Decoder(nnx.Module):
   def _embed(self, tokens):
     # Gather from a table whose embed dim is whole (all-gathered over fsdp): a gather from
     # an fsdp-sharded table into fsdp-sharded rows makes XLA replicate everything.
-    table = constrain(self.embed[...], ("vocab", None))
-    x = jnp.take(table, tokens, axis=0).astype(jnp.dtype(self.cfg.dtype))
-    return constrain(x, ("act_batch", "act_seq", "act_embed"))
+    with jax.named_scope("embed"):
+      table = constrain(self.embed[...], ("vocab", None))
+      x = jnp.take(table, tokens, axis=0).astype(jnp.dtype(self.cfg.dtype))
+      return constrain(x, ("act_batch", "act_seq", "act_embed"))
 
   def head_matrix(self):
     """The LM head [vocab, embed] in the compute dtype (the embedding when tied)."""
@@ -175,8 +189,9 @@ class Decoder(nnx.Module):
 
 def head_logits(features, head):
   """Logits [batch, seq, vocab] of final-normed features [batch, seq, embed]."""
-  logits = jnp.einsum("btd,vd->btv", features, head)
-  return constrain(logits, ("act_batch", "act_seq", "act_vocab"))
+  with jax.named_scope("lm_head"):  # also the chunked loss's head (objectives/chunked_ce)
+    logits = jnp.einsum("btd,vd->btv", features, head)
+    return constrain(logits, ("act_batch", "act_seq", "act_vocab"))
 
 
 def _check_token_range(tokens, vocab_size: int) -> None:

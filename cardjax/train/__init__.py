@@ -1,5 +1,6 @@
 """The trainer: optimizer, the jitted step, checkpoints, metrics and the loop."""
 
-from cardjax.train.loop import Preempted, TrainingError, train
+from cardjax.train.loop import train
+from cardjax.train.periodic import Preempted, TrainingError
 
 __all__ = ["train", "TrainingError", "Preempted"]

@@ -1,13 +1,30 @@
-"""`cardjax train --config F --workdir D [--config.k=v ...]`: train a model, or resume it."""
+"""`cardjax train --config F --workdir D [--profile-steps A:B] [--config.k=v ...]`: train a
+model, or resume it."""
 
 from __future__ import annotations
 
+import argparse
 import sys
+
+
+def _profile_steps(text: str) -> str:
+  from cardjax.errors import ConfigError
+  from cardjax.train.profile import parse_steps
+
+  try:
+    parse_steps(text)
+  except ConfigError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
+  return text
 
 
 def add_arguments(p) -> None:
   p.add_argument("--workdir", required=True, help="run folder: checkpoints, metrics.jsonl, "
                                                   "tensorboard/; an existing run resumes")
+  p.add_argument("--profile-steps", type=_profile_steps, default=None, metavar="A:B",
+                 help="trace steps A to B (counted from 1, as in metrics.jsonl) into "
+                      "WORKDIR/profile for TensorBoard's profile plugin; the same as "
+                      "--config.train.profile_steps=A:B")
 
 
 def run(args) -> int:
@@ -15,8 +32,13 @@ def run(args) -> int:
 
   from cardjax.config import load_config
   from cardjax.train import Preempted, train
+  from cardjax.train.profile import parse_steps
 
-  config = load_config(args.config, args.overrides)
+  overrides = list(args.overrides)
+  if args.profile_steps is not None:  # the flag is this override, spelled shorter
+    overrides.append(f"--config.train.profile_steps={args.profile_steps}")
+  config = load_config(args.config, overrides)
+  parse_steps(config.train.profile_steps, config.train.steps)  # before a dataset build
   if jax.process_count() == 1:  # one process: build a missing dataset, as tfds.load does
     from cardjax.data.prepare import prepare
     prepare(config)  # (hosts of a pod job would race on a shared data_dir: they build first)

@@ -1,21 +1,24 @@
 """`cardjax train`: the training loop around the jitted step.
 
-Start-up: resume from the newest checkpoint in WORKDIR/checkpoints if there is one, else
-initialise from train.init_from (a HF folder, an orbax checkpoint) or at random. Then: one
-jit of the step with explicit shardings and donation, a progress bar (loss, tokens/s, MFU,
-ETA), metrics to WORKDIR/metrics.jsonl and TensorBoard, validation, checkpoints (with the
-data iterator) every train.checkpoint_every steps, at the end, and on SIGTERM. A NaN or
-infinite loss stops the run with the last good checkpoint left as the latest.
+`setup` builds the run: resume from the newest checkpoint in WORKDIR/checkpoints if there is
+one, else initialise from train.init_from (a HF folder, an orbax checkpoint) or at random;
+one jit of the step with explicit shardings and donation; the data, the validation batches,
+the metrics writer. `_loop` then runs one step at a time and after each the periodic actions
+of cardjax/train/periodic.py: the NaN check (one step late, so it never stalls the device),
+the progress bar (loss, tokens/s, MFU, ETA), metrics to WORKDIR/metrics.jsonl and
+TensorBoard, validation, checkpoints (with the data iterator) every train.checkpoint_every
+steps and at the end, and a save and stop on SIGTERM. A NaN or infinite loss stops the run
+with the last good checkpoint left as the latest. `--profile-steps A:B` traces steps A to B
+(cardjax/train/profile.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
-import math
-import signal
-import time
 from pathlib import Path
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -32,23 +35,85 @@ from cardjax.errors import CardjaxError
 from cardjax.model import ModelConfig, abstract_model, create_model
 from cardjax.objectives import make_objective
 from cardjax.parallel import make_mesh, use_rules
-from cardjax.train import flops, validation
+from cardjax.train import flops, periodic, validation
 from cardjax.train.checkpointing import TrainCheckpointer
 from cardjax.train.metrics import MetricsWriter
 from cardjax.train.optimizer import learning_rate, make_optimizer, sharded_init
+from cardjax.train.periodic import Preempted, TrainingError
+from cardjax.train.profile import ProfileWindow, parse_steps
 from cardjax.train.step import jit_train_step, make_eval_step
+
+__all__ = ["train", "setup", "Job", "TrainingError", "Preempted"]
 
 log = logging.getLogger("cardjax.train")
 RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat", "attention_impl",
                   "mask_token_id")
 
 
-class TrainingError(CardjaxError):
-  """The run cannot go on (a NaN loss); the message says which checkpoint is good."""
+def train(config, workdir: str | Path) -> dict:
+  """Run (or resume) the training job; returns the last train and eval metrics."""
+  workdir = Path(workdir).absolute()
+  # A bad value fails before any work.
+  profile_steps = parse_steps(config.train.profile_steps, config.train.steps)
+  workdir.mkdir(parents=True, exist_ok=True)
+  if config.train.compilation_cache_dir:
+    # Before the first compile; entries are keyed by program, devices and jax version.
+    jax.config.update("jax_compilation_cache_dir", config.train.compilation_cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+  mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor,
+                   slices=config.mesh.slices)
+  rules = config.mesh.rules or None
+  with jax.set_mesh(mesh), (use_rules(rules) if rules else contextlib.nullcontext()):
+    job = setup(config, workdir, mesh)
+    profile = ProfileWindow(profile_steps, workdir / "profile", job.start)
+    return _loop(job, profile)
 
 
-class Preempted(Exception):
-  """SIGTERM arrived; a checkpoint of the current step was written."""
+@dataclasses.dataclass
+class Job:
+  """A run as `setup` builds it: the state each step replaces (params, opt_state, metrics)
+  and what the step and the periodic actions read."""
+  config: Any
+  mesh: Any
+  cfg: ModelConfig
+  objective: Any
+  ckpt: TrainCheckpointer
+  loader: Any
+  writer: MetricsWriter
+  step_fn: Callable
+  eval_fn: Callable
+  eval_batches: list
+  schedule: Callable
+  params: Any
+  opt_state: Any
+  start: int  # steps done before this run (the resumed checkpoint's step)
+  last_saved: int | None  # the step of the newest checkpoint
+  model_tokens: int  # tokens the model reads per step (MARS: twice the data's)
+  peak: float | None  # one device's peak FLOP/s, where known
+  flops_per_step: float | None = None  # measured on the first batch
+  metrics: dict = dataclasses.field(default_factory=dict)  # the newest step's, on device
+
+  def advance(self, step: int) -> None:
+    """Runs step `step` (counted from 1, as metrics.jsonl counts): dispatched, not waited
+    for."""
+    batch = next(self.loader)
+    if self.flops_per_step is None:
+      # This host's rows (a global array is not fully addressable on a pod).
+      local = {k: np.asarray(v.addressable_shards[0].data) for k, v in batch.items()}
+      self.flops_per_step = flops.train_flops_per_step(self.cfg, self.objective, local,
+                                                       self.config.data.batch_size)
+    # The step function counts from 0: its corruption keys and its learning rate.
+    self.params, self.opt_state, self.metrics = self.step_fn(
+        self.params, self.opt_state, batch, jnp.int32(step - 1))
+
+  def save(self, step: int) -> None:
+    self.ckpt.save(step, self.params, self.opt_state, self.loader, self.config, self.cfg)
+    self.last_saved = step
+
+  def close(self) -> None:
+    self.writer.close()
+    self.loader.close()
+    self.ckpt.close()
 
 
 def _init_model(config, mesh):
@@ -68,42 +133,9 @@ def _init_model(config, mesh):
                      "an orbax checkpoint folder")
 
 
-class _SigtermFlag:
-  def __init__(self):
-    self.raised = False
-    self.previous = None
-
-  def __enter__(self):
-    try:
-      self.previous = signal.signal(signal.SIGTERM, self._handle)
-    except ValueError:  # not the main thread: no handler, no flag
-      self.previous = None
-    return self
-
-  def _handle(self, *_):
-    self.raised = True
-
-  def __exit__(self, *exc):
-    if self.previous is not None:
-      signal.signal(signal.SIGTERM, self.previous)
-
-
-def train(config, workdir: str | Path) -> dict:
-  """Run (or resume) the training job; returns the last train and eval metrics."""
-  workdir = Path(workdir).absolute()
-  workdir.mkdir(parents=True, exist_ok=True)
-  if config.train.compilation_cache_dir:
-    # Before the first compile; entries are keyed by program, devices and jax version.
-    jax.config.update("jax_compilation_cache_dir", config.train.compilation_cache_dir)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-  mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor,
-                   slices=config.mesh.slices)
-  rules = config.mesh.rules or None
-  with jax.set_mesh(mesh), (use_rules(rules) if rules else contextlib.nullcontext()):
-    return _train(config, workdir, mesh)
-
-
-def _train(config, workdir: Path, mesh) -> dict:
+def setup(config, workdir: Path, mesh) -> Job:
+  """The model (resumed, loaded or new), optimizer, data, checkpointer, jitted steps and
+  metrics writer of a run, inside `mesh` (and its sharding rules)."""
   t = config.train
   ckpt = TrainCheckpointer(workdir / "checkpoints", t.keep_checkpoints, t.async_checkpoint)
   # The tokenizer travels with the checkpoints: export-hf then writes a complete HF folder
@@ -125,7 +157,6 @@ def _train(config, workdir: Path, mesh) -> dict:
   params = nnx.to_pure_dict(params)
   del model
   tx = make_optimizer(t, params)
-  schedule = learning_rate(t)
   init_opt = sharded_init(tx, params, mesh)
   loader = make_loader(config, mesh=mesh)
   if latest is None:
@@ -146,81 +177,39 @@ def _train(config, workdir: Path, mesh) -> dict:
   eval_fn = jax.jit(make_eval_step(graphdef, objective, config.seed, t.loss_chunk))
   # Read before the first step (and its timer), so a broken validation split fails at once.
   eval_batches = validation.eval_batches(config)
+  return Job(config=config, mesh=mesh, cfg=cfg, objective=objective, ckpt=ckpt,
+             loader=loader, writer=MetricsWriter(workdir), step_fn=step_fn, eval_fn=eval_fn,
+             eval_batches=eval_batches, schedule=learning_rate(t), params=params,
+             opt_state=opt_state, start=start, last_saved=latest,
+             model_tokens=(config.data.batch_size * config.data.seq_len
+                           * objective.stream_factor),
+             peak=flops.peak_flops_per_device())
 
-  writer = MetricsWriter(workdir)
-  rows, seq = config.data.batch_size, config.data.seq_len
-  model_tokens = rows * seq * objective.stream_factor
-  peak = flops.peak_flops_per_device()
-  flops_per_step = None
-  metrics: dict = {}
-  eval_metrics: dict = {}
-  last_saved = start if latest is not None else None
-  pending = None  # (step, loss array) of the step before, checked one step late
-  bar = tqdm(total=t.steps, initial=start, disable=not t.progress or jax.process_index() != 0,
-             desc=f"train {objective.name}", unit="step", dynamic_ncols=True)
-  tick, tick_step = time.perf_counter(), start
 
-  def check(step, loss):
-    value = float(loss)
-    if not math.isfinite(value):
-      good = ckpt.latest_step()
-      raise TrainingError(f"loss became {value} at step {step}; stopped. The last good "
-                          f"checkpoint is step {good} in {ckpt.directory} (lower train.lr, "
-                          "raise train.warmup_steps or check the data)")
-
-  def save(step):
-    nonlocal last_saved
-    ckpt.save(step, params, opt_state, loader, config, cfg)
-    last_saved = step
-
+def _loop(job: Job, profile: ProfileWindow) -> dict:
+  """Steps job.start + 1 to train.steps, each followed by the periodic actions due."""
+  t = job.config.train
+  bar = tqdm(total=t.steps, initial=job.start,
+             disable=not t.progress or jax.process_index() != 0,
+             desc=f"train {job.objective.name}", unit="step", dynamic_ncols=True)
+  clock = periodic.Clock(job.start)
+  finite = periodic.FiniteLoss(job.ckpt)
+  log_line = periodic.Log(t.log_every, t.steps, finite, clock, bar)
+  validate = periodic.Validate(t.eval_every, t.steps, t.log_every, clock)
   try:
-    with _SigtermFlag() as sigterm:
-      for step in range(start, t.steps):
-        batch = next(loader)
-        if flops_per_step is None:
-          # This host's rows (a global array is not fully addressable on a pod).
-          local = {k: np.asarray(v.addressable_shards[0].data) for k, v in batch.items()}
-          flops_per_step = flops.train_flops_per_step(cfg, objective, local, rows)
-        params, opt_state, metrics = step_fn(params, opt_state, batch, jnp.int32(step))
-        if pending is not None:
-          check(*pending)
-        pending = (step + 1, metrics["loss"])
-        done = step + 1
-        bar.update(1)
-        if done % t.log_every == 0 or done == t.steps:
-          check(*pending)
-          values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-          elapsed = time.perf_counter() - tick
-          steps_s = (done - tick_step) / max(elapsed, 1e-9)
-          values["tokens_per_s"] = steps_s * model_tokens
-          values["lr"] = float(schedule(step))  # the rate this step used
-          if peak:
-            values["mfu"] = steps_s * flops_per_step / (peak * jax.device_count())
-          tick, tick_step = time.perf_counter(), done
-          writer.write(done, values)
-          bar.set_postfix(loss=f"{values['loss']:.3f}", tok_s=f"{values['tokens_per_s']:,.0f}",
-                          **({"mfu": f"{values['mfu']:.1%}"} if "mfu" in values else {}))
-          metrics = values
-        if (t.eval_every and done % t.eval_every == 0) or done == t.steps:
-          eval_metrics = validation.evaluate(eval_fn, params, eval_batches, mesh)
-          writer.write(done, eval_metrics, prefix="eval")
-          log.info("step %d eval: %s", done, {k: round(v, 4) for k, v in eval_metrics.items()})
-          if done % t.log_every == 0:  # validation time is not training throughput
-            tick = time.perf_counter()
-        if done % t.checkpoint_every == 0 or done == t.steps:
-          check(*pending)
-          save(done)
-        if sigterm.raised:
-          check(*pending)
-          if last_saved != done:
-            save(done)
-          ckpt.wait()
-          raise Preempted(f"SIGTERM: saved step {done} in {ckpt.directory}; run the same "
-                          "command again to resume")
+    with periodic.SigtermFlag() as sigterm:
+      actions = [finite, periodic.Progress(bar), profile, log_line, validate,
+                 periodic.Save(t.checkpoint_every, t.steps, finite),
+                 periodic.StopOnSigterm(sigterm, finite)]
+      for step in range(job.start + 1, t.steps + 1):  # numbered as metrics.jsonl numbers them
+        profile.before(step)
+        with jax.profiler.StepTraceAnnotation("train", step_num=step):
+          job.advance(step)
+        for action in actions:
+          if action.due(step):
+            action.run(job, step)
   finally:
+    profile.close()
     bar.close()
-    writer.close()
-    loader.close()
-    ckpt.close()
-  return {"train": metrics, "eval": eval_metrics, "step": t.steps}
-
+    job.close()
+  return {"train": log_line.values, "eval": validate.values, "step": t.steps}
