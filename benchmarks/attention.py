@@ -28,7 +28,6 @@ Rows are printed (and appended to --out) as they finish, so a run cut short keep
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -37,7 +36,7 @@ import numpy as np
 from cardjax.attention import MaskSpec
 from cardjax.attention.tiles import FULL, row_layout, skipped_fraction, tile_table
 
-from benchmarks.common import Tee, timed
+from benchmarks.common import Tee, arg_parser, timed
 
 # (name, mask, layout kind, packed documents)
 PATTERNS = [("causal (AR, CARD)", MaskSpec("causal"), "causal", 1),
@@ -209,8 +208,7 @@ def gpu_timings(report, lengths, heads: int, kv_heads: int, head_dim: int, token
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = arg_parser(__spec__, __doc__)
   parser.add_argument("--lengths", default="512,2048,8192")
   parser.add_argument("--tiles", default="128,512")
   parser.add_argument("--kernel", action="store_true",

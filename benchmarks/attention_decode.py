@@ -14,11 +14,10 @@ each row's last written tile.
 
 from __future__ import annotations
 
-import argparse
 
 import numpy as np
 
-from benchmarks.common import Tee, announce, timed
+from benchmarks.common import Tee, announce, arg_parser, timed
 
 CASES = {  # name: (mask kind, block, queries)
     "AR step": ("causal", 0, 1),
@@ -57,8 +56,7 @@ def inputs(kind, block, tq, b, h, kvh, d, slots, fill, dtype):
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = arg_parser(__spec__, __doc__)
   parser.add_argument("--slots", default="1024,4096,16384")
   parser.add_argument("--fill", type=float, default=0.5, help="written share of the slots")
   parser.add_argument("--batch", type=int, default=16)

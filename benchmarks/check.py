@@ -17,7 +17,6 @@ another it is printed, not judged). Exits 1 when a row is outside.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -25,7 +24,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import recorded
-from benchmarks.common import ROOT
+from benchmarks.common import ROOT, arg_parser
 
 RECORD = ROOT / "results" / "decode" / "bench_check.json"
 CHECK_ARGS = ["--code-models", "", "--batches", "1", "--taus", "1.0,0.95", "--n-arith", "64",
@@ -33,8 +32,7 @@ CHECK_ARGS = ["--code-models", "", "--batches", "1", "--taus", "1.0,0.95", "--n-
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = arg_parser(__spec__, __doc__)
   parser.add_argument("--workdir", default="runs/bench_check")
   parser.add_argument("--record", action="store_true",
                       help="copy WORKDIR/results.json to results/decode/bench_check.json, "

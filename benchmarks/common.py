@@ -6,6 +6,8 @@ a benchmark's --help and a parent process that only starts others stay quick.
 
 from __future__ import annotations
 
+import argparse
+
 import statistics
 import time
 from pathlib import Path
@@ -87,3 +89,12 @@ def announce(title: str = "", out: Callable[[str], None] = print) -> dict:
   else:
     out(text)
   return info
+
+
+def arg_parser(spec, doc: str | None) -> argparse.ArgumentParser:
+  """A benchmark's parser: its docstring as the description, kept as written, and
+  `python -m benchmarks.X` as the program name in its usage line (`spec`: the module's
+  __spec__, None when it was run as a file)."""
+  return argparse.ArgumentParser(prog=f"python -m {spec.name}" if spec else None,
+                                 description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -10,7 +10,6 @@ forward + backward + update), and their ratio: the pipeline must be faster than 
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 
@@ -23,7 +22,7 @@ from cardjax.config import load_config, model_config
 from cardjax.data.prepare import make_loader, prepare
 from cardjax.model import create_model
 
-from benchmarks.common import announce
+from benchmarks.common import announce, arg_parser
 
 WORKLOADS = {
     "pretrain python_stdlib": [],
@@ -73,9 +72,9 @@ def step_tokens_per_s(config, steps: int) -> float:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--data_dir", default="", help="default: a temporary folder")
+  parser = arg_parser(__spec__, __doc__)
+  parser.add_argument("--data-dir", "--data_dir", dest="data_dir", default="",
+                      help="default: a temporary folder (--data_dir: the old spelling)")
   parser.add_argument("--steps", type=int, default=20)
   args = parser.parse_args()
   data_dir = args.data_dir or tempfile.mkdtemp(prefix="cardjax-bench-")

@@ -36,7 +36,7 @@ from cardjax.data.prepare import prepare
 from cardjax.eval import suite
 from cardjax.train import train
 
-from benchmarks.common import Tee, announce, pyplot, run_dir
+from benchmarks.common import Tee, announce, arg_parser, pyplot, run_dir
 
 MODELS = ("sft", "mars", "ar", "card", "card_half", "mdlm")
 PROMPT_LEN = 32  # code prompts: ids taken from held-out documents
@@ -234,8 +234,7 @@ def parse_units(spec: str) -> list[tuple[int, list[str]]]:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = arg_parser(__spec__, __doc__)
   parser.add_argument("--workdir", default="runs/bench_decode")
   parser.add_argument("--quick", action="store_true", help="short training, few prompts")
   parser.add_argument("--no-train", action="store_true",

@@ -22,7 +22,6 @@ trained model does (at the default 0.02 every confidence is about 1/vocab).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
 
@@ -36,6 +35,8 @@ from cardjax.decoding import mars
 from cardjax.decoding.frozen import freeze
 from cardjax.model import ModelConfig, create_model
 from cardjax.model.cache import KVCache
+
+from benchmarks.common import arg_parser
 
 CONFIG = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=384, num_layers=4,
                      num_heads=4, num_kv_heads=2, max_position_embeddings=1024,
@@ -129,8 +130,7 @@ def forward_table(graphdef, state, args, slots: list[int]) -> None:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = arg_parser(__spec__, __doc__)
   parser.add_argument("--batches", default="1,4,16")
   parser.add_argument("--tokens", default="1,8,16")
   parser.add_argument("--slots", default="160,540")

@@ -14,11 +14,12 @@ differs), e.g. a GPU box:
 
 from __future__ import annotations
 
-import argparse
 import shutil
 from pathlib import Path
 
 from cardjax import checkpoint
+
+from benchmarks.common import arg_parser
 
 # The items of a training step that restore_model and read_run_config read.
 ITEMS = ("params", "model_config", "config")
@@ -48,8 +49,7 @@ def pack_run(run: Path, out: Path) -> int:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = arg_parser(__spec__, __doc__)
   parser.add_argument("workdir", type=Path, help="a benchmarks.decode workdir")
   parser.add_argument("out", type=Path)
   args = parser.parse_args()

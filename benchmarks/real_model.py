@@ -24,7 +24,6 @@ judged and the quality table gives the mean and range over seeds.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import importlib.util
@@ -39,7 +38,7 @@ from cardjax.eval import inputs, measure
 from cardjax.decoding.frozen import Frozen
 from cardjax.decoding.methods import Options, make_decoder
 
-from benchmarks.common import announce, pyplot, range_cell, spread
+from benchmarks.common import announce, arg_parser, pyplot, range_cell, spread
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -205,8 +204,7 @@ def fmt_spread(key: tuple, rows: list[dict]) -> str:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = arg_parser(__spec__, __doc__)
   parser.add_argument("--root", default="runs/smollm2")
   parser.add_argument("--out", default="")
   parser.add_argument("--n", type=int, default=128,

@@ -39,7 +39,6 @@ model of the same size is written to --out/init first.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -55,7 +54,7 @@ import portpicker
 
 from cardjax.serve.metrics import scrape
 
-from benchmarks.common import ROOT
+from benchmarks.common import ROOT, arg_parser
 
 DEFAULT_RUN = ROOT / "runs/bench_decode/runs/sft"
 
@@ -193,8 +192,7 @@ def model_name(url: str) -> str:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = arg_parser(__spec__, __doc__)
   parser.add_argument("--checkpoint", default="")
   parser.add_argument("--url", default="", help="an already running server (one method)")
   parser.add_argument("--methods", default="ar,mars")

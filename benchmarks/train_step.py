@@ -12,7 +12,6 @@ tokens; target <= 2.2x), BD3LM 3x CARD.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import jax
@@ -26,7 +25,7 @@ from cardjax.objectives import make_objective
 from cardjax.train.optimizer import make_optimizer
 from cardjax.train.step import make_train_step
 
-from benchmarks.common import announce
+from benchmarks.common import announce, arg_parser
 
 OBJECTIVES = ("ar", "card", "mars", "mdlm", "bd3lm")
 
@@ -64,8 +63,7 @@ def time_objective(name: str, cfg: ModelConfig, data: dict, steps: int, block: i
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = arg_parser(__spec__, __doc__)
   parser.add_argument("--hidden", type=int, default=256)
   parser.add_argument("--layers", type=int, default=4)
   parser.add_argument("--heads", type=int, default=4)

@@ -22,7 +22,6 @@ WORKDIR/code_spread.json with the machine.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 from pathlib import Path
@@ -32,7 +31,7 @@ from cardjax.decoding.methods import Options, make_decoder
 from cardjax.eval import measure, nll
 from cardjax.restore import LoadedRun, load_run
 
-from benchmarks.common import announce, run_dir, spread
+from benchmarks.common import announce, arg_parser, run_dir, spread
 
 NEW_TOKENS, BLOCK = 64, 8  # as the code table (benchmarks/decode.py)
 
@@ -61,8 +60,7 @@ def grade(loaded: LoadedRun, judge: LoadedRun, prompts, data_dir: str, batches: 
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = arg_parser(__spec__, __doc__)
   parser.add_argument("--workdir", default="runs/bench_decode")
   parser.add_argument("--models", default="card,card_half")
   parser.add_argument("--seeds", default="0,1,2")

@@ -27,6 +27,8 @@ import subprocess
 import sys
 import time
 
+from benchmarks.common import arg_parser
+
 SETTINGS = {
     "XLA's default": "",
     "eigen for every dot": "--xla_cpu_experimental_ynn_fusion_type=",
@@ -74,8 +76,7 @@ def measure(tokens: list[int], repeats: int) -> dict:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = arg_parser(__spec__, __doc__)
   parser.add_argument("--tokens", default="1,4,8,16")
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -17,11 +17,12 @@ t) cannot tell these two apart as directly.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import numpy as np
+
+from benchmarks.common import arg_parser
 
 RATES = (0.05, 0.15, 0.3, 0.5, 0.7, 0.9, 1.0)
 
@@ -68,8 +69,7 @@ def masked_ce_by_rate(loaded, batches, rates=RATES, seed: int = 0) -> dict[float
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = arg_parser(__spec__, __doc__)
   parser.add_argument("runs", nargs="+", help="mdlm run folders")
   parser.add_argument("--data-dir", default="", help="where the runs' dataset is built "
                       "(default: the first run's data.data_dir; every run reads its batches)")

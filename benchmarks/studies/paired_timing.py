@@ -33,6 +33,7 @@ from cardjax.eval import inputs, measure, suite
 from cardjax.decoding.methods import Options, make_decoder
 
 from benchmarks import common
+from benchmarks.common import arg_parser
 
 
 def timed_pass(decode, chunks) -> tuple[float, int, int]:
@@ -72,8 +73,7 @@ def forward_summary(rounds: list[dict], methods, widths: list[int]) -> str:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = arg_parser(__spec__, __doc__)
   parser.add_argument("--run", default="runs/smollm2/mars", help="a MARS-trained run")
   parser.add_argument("--taus", default="0.95")
   parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True)

@@ -16,7 +16,6 @@ reused, so a cut-short study resumes. Writes WORKDIR/spread.json with the machin
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
@@ -29,7 +28,7 @@ from cardjax.eval import inputs, measure
 from cardjax.decoding.methods import Options, make_decoder
 from cardjax.train import train
 
-from benchmarks.common import announce
+from benchmarks.common import announce, arg_parser
 
 
 def grade_at(run: Path, step: int, prompts, answers, batch: int,
@@ -45,8 +44,7 @@ def grade_at(run: Path, step: int, prompts, answers, batch: int,
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = arg_parser(__spec__, __doc__)
   parser.add_argument("--config", default="configs/decode_bench.py:sft")
   parser.add_argument("--seeds", default="0,1,2")
   parser.add_argument("--every", type=int, default=500, help="steps between checkpoints")
