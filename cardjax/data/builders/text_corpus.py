@@ -1,7 +1,8 @@
-"""text_corpus: local text, source-code and JSONL files as a corpus of {"text", "source"}.
+"""text_corpus: local text, source-code, JSONL and Parquet files as a corpus of {"text", "source"}.
 
-A `.jsonl` file gives one example per line (its `text_field`); any other file (.txt, .py,
-.md, ...) is one example. Files are split train/validation by a stable hash of their path
+A `.jsonl` file (also `.jsonl.gz`, `.jsonl.zst`) gives one example per line (its
+`text_field`), a `.parquet` file one per row (its `text_field` column); any other file (.txt,
+.py, .md, ...) is one example. Files are split train/validation by a stable hash of their path
 relative to the common root of the patterns, so a file's split survives moving the tree.
 Blank texts are skipped and counted; the counts go to the log and to the build's
 metadata.json (per split: files, examples, empty, undecodable).
@@ -22,6 +23,8 @@ from typing import ClassVar
 import tensorflow_datasets as tfds
 
 from cardjax.data.builders.common import LOG, PathsConfig, in_validation, nonempty_splits
+from cardjax.data.builders.corpus_formats import (is_jsonl, is_parquet, jsonl_lines,
+                                                  parquet_values)
 from cardjax.errors import CardjaxError
 
 DECODE_MODES = ("error", "replace", "skip")
@@ -97,40 +100,63 @@ def parse_json_line(line: str, path: str, lineno: int):
 
 
 def _jsonl_examples(path, rel, text_field, mode, stats):
+  """Lines of a .jsonl (.gz, .zst) file; byte offsets of bad UTF-8 are in the decompressed
+  text."""
   offset, records, undecodable = 0, 0, 0
-  with open(path, "rb") as f:
-    for lineno, raw in enumerate(f, 1):
-      base, offset = offset, offset + len(raw)
-      line = _decode(raw, mode, path, base, lineno)
-      if line is None:
-        undecodable += 1
-        stats["undecodable"] += 1
-        continue
-      if not line.strip():
-        continue  # blank lines are not records
-      records += 1
-      record = parse_json_line(line.removeprefix("\ufeff"), path, lineno)
-      text = record.get(text_field) if isinstance(record, dict) else None
-      if not isinstance(text, str):
-        keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
-        raise CardjaxError(
-            f"{path}:{lineno}: no string field {text_field!r} (has: {keys}); "
-            "set the text_field option")
-      if not text.strip():
-        stats["empty"] += 1
-        continue
-      stats["examples"] += 1
-      yield f"{rel}:{lineno}", {"text": text, "source": f"{rel}:{lineno}"}
+  for lineno, raw in enumerate(jsonl_lines(path), 1):
+    base, offset = offset, offset + len(raw)
+    line = _decode(raw, mode, path, base, lineno)
+    if line is None:
+      undecodable += 1
+      stats["undecodable"] += 1
+      continue
+    if not line.strip():
+      continue  # blank lines are not records
+    records += 1
+    record = parse_json_line(line.removeprefix("\ufeff"), path, lineno)
+    text = record.get(text_field) if isinstance(record, dict) else None
+    if not isinstance(text, str):
+      keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
+      raise CardjaxError(
+          f"{path}:{lineno}: no string field {text_field!r} (has: {keys}); "
+          "set the text_field option")
+    if not text.strip():
+      stats["empty"] += 1
+      continue
+    stats["examples"] += 1
+    yield f"{rel}:{lineno}", {"text": text, "source": f"{rel}:{lineno}"}
   if records == 0 and not undecodable:
     stats["empty"] += 1  # an empty .jsonl file counts as one empty text
+
+
+def _parquet_examples(path, rel, text_field, mode, stats):
+  """Rows of a .parquet file, keyed by row number from 1 (as lines are); a null counts as an
+  empty text."""
+  rows, undecodable = 0, 0
+  for row, raw in parquet_values(path, text_field):
+    rows += 1
+    text = None if raw is None else _decode(raw, mode, path, 0, row)
+    if raw is not None and text is None:
+      undecodable += 1
+      stats["undecodable"] += 1
+    elif text is None or not text.strip():
+      stats["empty"] += 1
+    else:
+      stats["examples"] += 1
+      yield f"{rel}:{row}", {"text": text, "source": f"{rel}:{row}"}
+  if rows == 0:
+    stats["empty"] += 1  # as an empty .jsonl file: one empty text
 
 
 def file_examples(path: str, rel: str, text_field: str, on_decode_error: str, stats):
   """(key, {"text", "source"}) of one file, keyed by its relative path (and line); updates
   the `stats` Counter."""
   stats["files"] += 1
-  if path.lower().endswith(".jsonl"):
+  if is_jsonl(path):
     yield from _jsonl_examples(path, rel, text_field, on_decode_error, stats)
+    return
+  if is_parquet(path):
+    yield from _parquet_examples(path, rel, text_field, on_decode_error, stats)
     return
   with open(path, "rb") as f:
     text = _decode(f.read(), on_decode_error, path)
@@ -199,7 +225,7 @@ class FileCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
 
 class TextCorpus(FileCorpus):
-  """Local text / code / JSONL files ({"text", "source"}), split by path hash."""
+  """Local text / code / JSONL / Parquet files ({"text", "source"}), split by path hash."""
 
   CONFIG_CLS = TextCorpusConfig
 

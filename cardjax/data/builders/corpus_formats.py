@@ -1,0 +1,126 @@
+"""Streaming readers of the record formats of text_corpus: JSONL (plain, gzip, zstd), Parquet.
+
+They yield raw values only (lines as bytes; Parquet texts as bytes, or None for a null), so
+text_corpus applies one decoding, parsing and counting policy to every format. Nothing
+reads a whole file: compressed JSONL is decompressed as a stream, Parquet is read in small
+batches of one column, row group by row group.
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zstandard
+
+from cardjax.errors import CardjaxError
+
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
+PARQUET_SUFFIX = ".parquet"
+_CHUNK_BYTES = 1 << 20  # compressed bytes read at a time
+# Rows per Parquet batch: small, since one row may be a whole book.
+_BATCH_ROWS = 256
+# What a truncated or corrupt compressed stream raises (BadGzipFile is an OSError).
+_CORRUPT = (OSError, EOFError, zlib.error, zstandard.ZstdError)
+
+
+def is_jsonl(path: str) -> bool:
+  return path.lower().endswith(JSONL_SUFFIXES)
+
+
+def is_parquet(path: str) -> bool:
+  return path.lower().endswith(PARQUET_SUFFIX)
+
+
+def _zstd_chunks(path: str) -> Iterator[bytes]:
+  """The decompressed data of a .zst file, frame after frame (files made by concatenating
+  frames are common). Not zstandard's stream_reader: it ends a truncated file early and
+  silently, which would drop the tail of a corpus."""
+  dctx = zstandard.ZstdDecompressor()
+  with open(path, "rb") as f:
+    frame, started = dctx.decompressobj(), False
+    while chunk := f.read(_CHUNK_BYTES):
+      while chunk:
+        started = True
+        if out := frame.decompress(chunk):
+          yield out
+        if not frame.eof:
+          break
+        chunk, frame, started = frame.unused_data, dctx.decompressobj(), False
+  if started:
+    raise EOFError("the file ends inside a zstd frame")
+
+
+def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
+  """Lines (with their b"\n", as iterating a binary file gives them) of a byte stream."""
+  pending = []  # pieces of the current line; joined once, so long lines stay linear
+  for chunk in chunks:
+    *ended, rest = chunk.split(b"\n")
+    for piece in ended:
+      yield b"".join([*pending, piece, b"\n"])
+      pending.clear()
+    if rest:
+      pending.append(rest)
+  if pending:
+    yield b"".join(pending)
+
+
+def _raw_lines(path: str) -> Iterator[bytes]:
+  if path.lower().endswith(".zst"):
+    yield from _lines(_zstd_chunks(path))
+    return
+  with gzip.open(path, "rb") if path.lower().endswith(".gz") else open(path, "rb") as f:
+    yield from f
+
+
+def jsonl_lines(path: str) -> Iterator[bytes]:
+  """The raw lines (with their newline) of a .jsonl, .jsonl.gz or .jsonl.zst file."""
+  compressed = not path.lower().endswith(".jsonl")
+  try:
+    yield from _raw_lines(path)
+  except _CORRUPT as e:
+    if not compressed:
+      raise
+    kind = "gzip" if path.lower().endswith(".gz") else "zstd"
+    raise CardjaxError(
+        f"{path}: cannot decompress it as {kind} ({type(e).__name__}: {e}); the file is "
+        f"truncated or corrupt, or not {kind}: re-create it, or leave it out of paths") from None
+
+
+def _unreadable(path: str, e: Exception) -> CardjaxError:
+  return CardjaxError(
+      f"{path}: cannot read it as Parquet ({type(e).__name__}: {e}); the file is truncated "
+      "or corrupt: re-create it, or leave it out of paths")
+
+
+def parquet_values(path: str, column: str) -> Iterator[tuple[int, bytes | None]]:
+  """(row number from 1 over the whole file, raw text or None) of one column of a Parquet
+  file; the column must hold strings or bytes."""
+  try:
+    pf = pq.ParquetFile(path)
+  except (pa.ArrowException, OSError) as e:
+    raise _unreadable(path, e) from None
+  with pf:
+    schema = pf.schema_arrow
+    if column not in schema.names:
+      raise CardjaxError(
+          f"{path}: no column {column!r} (has: {', '.join(schema.names)}); set the "
+          "text_field option to the column that holds the text")
+    kind = schema.field(column).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
+            or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
+      raise CardjaxError(
+          f"{path}: column {column!r} holds {kind}, not text; set the text_field option "
+          "to a string column")
+    row = 0
+    try:
+      for batch in pf.iter_batches(batch_size=_BATCH_ROWS, columns=[column]):
+        # As bytes, so undecodable text gets the same on_decode_error handling as files.
+        for value in batch.column(0).cast(pa.large_binary()).to_pylist():
+          row += 1
+          yield row, value
+    except (pa.ArrowException, OSError) as e:
+      raise _unreadable(path, e) from None
