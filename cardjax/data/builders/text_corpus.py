@@ -172,9 +172,12 @@ def file_examples(path: str, rel: str, text_field: str, on_decode_error: str, st
 class FileCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """Files -> {"text", "source"}; subclasses say which files (`_files`) and from where."""
 
-  VERSION = tfds.core.Version("1.1.0")
+  # 1.2.0: a build of 1.1.0 read a .parquet or .jsonl.gz file as one raw text; the new
+  # version makes such a build be made again rather than reused.
+  VERSION = tfds.core.Version("1.2.0")
   RELEASE_NOTES = {"1.0.0": "First version.",
-                   "1.1.0": "Example keys from relative paths: the same order in any folder."}
+                   "1.1.0": "Example keys from relative paths: the same order in any folder.",
+                   "1.2.0": "Reads .parquet, .jsonl.gz and .jsonl.zst files record by record."}
   TEXT_FIELD = "text"
 
   def _info(self) -> tfds.core.DatasetInfo:
