@@ -3,13 +3,15 @@
 Layout: DIR/<step>/{params,model_config}/ managed by an orbax CheckpointManager, plus
 DIR/hf_assets/ holding the tokenizer files of an imported HF model. Orbax writes each step
 to a temporary folder and renames it when complete, so an interrupted save never becomes
-the latest step. The trainer adds more items (optimizer state, data iterator, config) to
-the same manager; these functions read and write only the model's two.
+the latest step (on gs://, where a rename is not atomic, orbax writes a commit file last).
+DIR may be a bucket URI: gs:// is orbax's own (tensorstore's gcs driver); s3:// goes through
+a local staging folder (cardjax/storage/staged.py). The trainer adds more items (optimizer
+state, data iterator, config) to the same manager; these functions read and write only the
+model's two.
 """
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import jax
@@ -20,6 +22,9 @@ from cardjax.errors import CheckpointError
 from cardjax.model.config import ModelConfig
 from cardjax.model.create import abstract_model
 from cardjax.model.decoder import Decoder
+from cardjax.storage import as_path, resolve, scheme
+from cardjax.storage.staged import StagedCheckpoints
+from cardjax.storage.transfer import cached_copy, copy_file
 
 ASSETS = "hf_assets"
 
@@ -28,16 +33,19 @@ def manager(directory: str | Path, max_to_keep: int | None = None, create: bool 
             async_save: bool = False) -> ocp.CheckpointManager:
   options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create,
                                          enable_async_checkpointing=async_save)
-  return ocp.CheckpointManager(Path(directory).absolute(), options=options)
+  if scheme(directory) == "s3":  # orbax cannot write s3:// (see cardjax/storage/staged.py)
+    raise ValueError(f"{directory}: open s3:// checkpoints through StagedCheckpoints")
+  return ocp.CheckpointManager(as_path(directory), options=options)
 
 
 def save_model(directory: str | Path, model: Decoder, step: int = 0,
                assets_from: str | Path | None = None, data_loader=None,
-               run_config=None) -> Path:
+               run_config=None) -> str:
   """Save the parameters and model config as `step` (and a DataLoader's iterator state, so a
   resumed run gets exactly the next batches; and the run config, where its tokenizer is
-  found); copy tokenizer files once."""
-  directory = Path(directory).absolute()
+  found); copy tokenizer files once. Returns the folder (local absolute or a bucket URI)."""
+  directory = resolve(directory)
+  staged = StagedCheckpoints(directory) if scheme(directory) == "s3" else None
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   items = dict(params=ocp.args.StandardSave(params),
                model_config=ocp.args.JsonSave(model.cfg.to_dict()))
@@ -45,9 +53,11 @@ def save_model(directory: str | Path, model: Decoder, step: int = 0,
     items["data"] = data_loader.checkpoint_save()
   if run_config is not None:
     items["config"] = ocp.args.JsonSave(run_config.to_dict())
-  with manager(directory) as mngr:
+  with manager(staged.pull() if staged else directory) as mngr:
     mngr.save(step, args=ocp.args.Composite(**items))
     mngr.wait_until_finished()
+  if staged is not None:
+    staged.push(step)
   if assets_from is not None:
     copy_assets(directory, assets_from)
   return directory
@@ -61,17 +71,26 @@ def copy_assets(directory: str | Path, source: str | Path) -> None:
   files = asset_files(source)
   if not files or jax.process_index() != 0:
     return
-  target = Path(directory) / ASSETS
+  target = as_path(directory) / ASSETS
   target.mkdir(parents=True, exist_ok=True)
   for f in files:
-    shutil.copyfile(f, target / f.name)
+    copy_file(f, target / f.name)
 
 
-def _existing(directory: str | Path) -> Path:
-  directory = Path(directory).absolute()
-  if not directory.is_dir():
-    raise CheckpointError(f"checkpoint directory {directory} does not exist")
-  return directory
+def _existing(directory: str | Path, step: int | None = None):
+  """The folder orbax reads for `directory`: itself (local or gs://), or for s3:// the
+  local staging folder, holding `step` (default: the newest committed step)."""
+  text = resolve(directory)
+  if scheme(text) == "s3":
+    staged = StagedCheckpoints(text)
+    if not staged.committed():
+      raise CheckpointError(f"{text} holds no committed checkpoint step (is the path right? "
+                            "an interrupted upload has no marker and is never read)")
+    return staged.pull(step)
+  path = as_path(text)
+  if not path.is_dir():
+    raise CheckpointError(f"checkpoint directory {text} does not exist")
+  return path
 
 
 def latest_step(directory: str | Path) -> int:
@@ -87,7 +106,10 @@ def latest_step(directory: str | Path) -> int:
 def saved_steps(directory: str | Path) -> list[int]:
   """The complete steps saved in a checkpoints folder, oldest first; [] when there is no
   folder or nothing finished saving in it (a run stopped before its first save)."""
-  directory = Path(directory)
+  text = resolve(directory)
+  if scheme(text) == "s3":
+    return sorted(StagedCheckpoints(text).committed())
+  directory = as_path(text)
   if not directory.is_dir():
     return []
   with manager(directory, create=False) as mngr:
@@ -96,7 +118,7 @@ def saved_steps(directory: str | Path) -> list[int]:
 
 def restore_data_state(directory: str | Path, data_loader, step: int | None = None) -> None:
   """Put `data_loader` (a DataLoader like the saved one) where it was at `step`."""
-  directory = _existing(directory)
+  directory = _existing(directory, step)
   step = latest_step(directory) if step is None else step
   if not (directory / str(step) / "data").exists():
     raise CheckpointError(f"{directory}/{step} holds no data iterator state")
@@ -108,7 +130,7 @@ def read_run_config(directory: str | Path, step: int | None = None):
   """The run config a training checkpoint was saved with, or None (imports have none)."""
   import ml_collections
 
-  directory = _existing(directory)
+  directory = _existing(directory, step)
   step = latest_step(directory) if step is None else step
   if not (directory / str(step) / "config").exists():
     return None
@@ -118,7 +140,7 @@ def read_run_config(directory: str | Path, step: int | None = None):
 
 
 def read_model_config(directory: str | Path, step: int | None = None) -> ModelConfig:
-  directory = _existing(directory)
+  directory = _existing(directory, step)
   step = latest_step(directory) if step is None else step
   with manager(directory, create=False) as mngr:
     if step not in mngr.all_steps():
@@ -138,7 +160,7 @@ def restore_model(directory: str | Path, step: int | None = None, mesh=None,
   `overrides` change run-time fields (dtype, remat, attention_impl); fields that change the
   parameter tree (shapes, scan_layers, biases) must match the saved model.
   """
-  directory = _existing(directory)
+  directory = _existing(directory, step)
   step = latest_step(directory) if step is None else step
   saved = read_model_config(directory, step)
   structural = {"dtype", "remat", "attention_impl", "mask_token_id", "bos_token_id",
@@ -172,11 +194,11 @@ def load_tokenizer(directory: str | Path, model_cfg, explicit: str | None = None
   the one its run config names (a run from before that copy)."""
   from cardjax.data.tokenizer import load_tokenizer as load_folder
 
-  directory = Path(directory)
   if explicit:
-    return load_folder(explicit, mask_token_id=model_cfg.mask_token_id)
-  if (directory / ASSETS / "tokenizer.json").is_file():
-    return load_folder(directory / ASSETS, mask_token_id=model_cfg.mask_token_id)
+    return load_folder(cached_copy(explicit), mask_token_id=model_cfg.mask_token_id)
+  assets = f"{resolve(directory)}/{ASSETS}"
+  if (as_path(assets) / "tokenizer.json").is_file():
+    return load_folder(cached_copy(assets), mask_token_id=model_cfg.mask_token_id)
   config = read_run_config(directory)
   if config is None:
     raise CheckpointError(f"{directory} names no tokenizer; pass --tokenizer HF_FOLDER")

@@ -1,6 +1,7 @@
 """Local cloud-storage emulators on loopback, started and stopped by the tests.
 
-GCS: `gcp-storage-emulator` (PyPI), reached by gcsfs through STORAGE_EMULATOR_HOST and by
+GCS: `gcp-storage-emulator` (PyPI; started through gcs_emulator_main.py, which adds the
+x-goog-generation header tensorstore needs), reached by gcsfs through STORAGE_EMULATOR_HOST and by
 tensorstore (orbax's array writer) through TENSORSTORE_GCS_HTTP_URL. S3: moto's server,
 reached by s3fs/boto3 and tensorstore through AWS_ENDPOINT_URL with dummy keys.
 
@@ -45,7 +46,7 @@ def _wait_listening(port: int, proc: subprocess.Popen, log: str, timeout: float 
 @contextlib.contextmanager
 def _serve(args: list[str], port: int):
   log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
-  proc = subprocess.Popen([sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT)
+  proc = subprocess.Popen([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT)
   try:
     _wait_listening(port, proc, log.name)
     yield
@@ -63,7 +64,10 @@ def _serve(args: list[str], port: int):
 def gcs_emulator():
   port = _free_port()
   url = f"http://127.0.0.1:{port}"
-  with _serve(["gcp_storage_emulator", "start", "--host", "127.0.0.1", "--port", str(port),
+  # Through gcs_emulator_main.py: downloads then carry x-goog-generation, which tensorstore
+  # (orbax) needs for its second write of an object.
+  launcher = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gcs_emulator_main.py")
+  with _serve([launcher, "start", "--host", "127.0.0.1", "--port", str(port),
                "--in-memory", "--default-bucket", BUCKET], port):
     yield {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url}
 
@@ -73,7 +77,7 @@ def s3_emulator():
   port = _free_port()
   env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
          "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-  with _serve(["moto.server", "-H", "127.0.0.1", "-p", str(port)], port):
+  with _serve(["-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], port):
     import boto3
     boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
                  aws_access_key_id="testing",

@@ -6,6 +6,10 @@ layer orbax and tfds use too. `pathlib.Path("gs://b/run")` would silently become
 folder named `gs:`, so no module should build a Path from a user's string: call `resolve`.
 """
 
+from cardjax.storage import fsspec_setup
 from cardjax.storage.paths import as_path, is_remote, resolve, scheme
+from cardjax.storage.reach import check
 
-__all__ = ["as_path", "is_remote", "resolve", "scheme"]
+fsspec_setup.install()
+
+__all__ = ["as_path", "check", "is_remote", "resolve", "scheme"]

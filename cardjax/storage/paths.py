@@ -42,5 +42,11 @@ def resolve(path: str | os.PathLike) -> str:
 
 
 def as_path(path: str | os.PathLike) -> epath.Path:
-  """An epath.Path of `resolve(path)`: pathlib's API over local disk, gs:// and s3://."""
-  return epath.Path(resolve(path))
+  """An epath.Path of `resolve(path)`: pathlib's API over local disk, gs:// and s3://. A
+  bucket is checked first (once per process; cardjax/storage/reach.py), so a wrong endpoint,
+  missing credentials or a missing bucket is one clear error, not minutes of retries."""
+  text = resolve(path)
+  if scheme(text) is not None:
+    from cardjax.storage.reach import check
+    check(text)
+  return epath.Path(text)

@@ -5,7 +5,9 @@ Items of a step: `params` and `model_config` (what cardjax.checkpoint.restore_mo
 per process) and `config` (the
 run's whole config, for the record). Saves are asynchronous; orbax writes each step to a
 temporary folder and renames it only when complete, so a crash, SIGTERM or full disk during
-a save leaves the previous step as the latest.
+a save leaves the previous step as the latest. On s3:// orbax writes to a local staging
+folder and each step is uploaded once saved, its commit marker last (synchronously: the
+upload needs the finished step), cardjax/storage/staged.py.
 """
 
 from __future__ import annotations
@@ -16,12 +18,29 @@ import jax
 import orbax.checkpoint as ocp
 
 from cardjax.checkpoint import manager
+from cardjax.storage import resolve, scheme
+from cardjax.storage.staged import StagedCheckpoints
+
+
+def _barrier(name: str) -> None:
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)
 
 
 class TrainCheckpointer:
-  def __init__(self, directory: Path, keep: int, async_save: bool):
-    self.directory = Path(directory).absolute()
-    self.mngr = manager(self.directory, max_to_keep=keep, async_save=async_save)
+  def __init__(self, directory: str | Path, keep: int, async_save: bool):
+    self.directory = resolve(directory)  # where the steps are kept: local or a bucket URI
+    self.keep = keep
+    self.staged = StagedCheckpoints(self.directory) if scheme(self.directory) == "s3" else None
+    self.orbax_dir = self.directory  # what orbax reads and writes
+    if self.staged is not None:
+      if jax.process_index() == 0:  # the newest committed step, into the staging folder
+        self.staged.pull()
+      _barrier("cardjax-staged-pull")
+      self.orbax_dir = str(self.staged.local)
+      async_save = False
+    self.mngr = manager(self.orbax_dir, max_to_keep=keep, async_save=async_save)
 
   def latest_step(self) -> int | None:
     return self.mngr.latest_step()
@@ -33,6 +52,10 @@ class TrainCheckpointer:
         data=loader.checkpoint_save(),
         config=ocp.args.JsonSave(config.to_dict()),
         model_config=ocp.args.JsonSave(model_cfg.to_dict())), force=True)
+    if self.staged is not None:
+      self.mngr.wait_until_finished()
+      if jax.process_index() == 0:
+        self.staged.push(step, keep=self.keep)
 
   def restore(self, step: int, params_target, opt_target, loader):
     """(params, opt_state) of `step`, each array in its target's sharding; `loader` is put

@@ -20,7 +20,9 @@ def _profile_steps(text: str) -> str:
 
 def add_arguments(p) -> None:
   p.add_argument("--workdir", required=True, help="run folder: checkpoints, metrics.jsonl, "
-                                                  "tensorboard/; an existing run resumes")
+                                                  "tensorboard/; an existing run resumes; "
+                                                  "a local path, gs://B/P or s3://B/P "
+                                                  "(docs/storage.md)")
   p.add_argument("--profile-steps", type=_profile_steps, default=None, metavar="A:B",
                  help="trace steps A to B (counted from 1, as in metrics.jsonl) into "
                       "WORKDIR/profile for TensorBoard's profile plugin; the same as "
@@ -31,9 +33,12 @@ def run(args) -> int:
   import jax
 
   from cardjax.config import load_config
+  from cardjax.storage import check, resolve
   from cardjax.train import Preempted, train
   from cardjax.train.profile import parse_steps
 
+  args.workdir = resolve(args.workdir)  # relative local paths: once, here
+  check(args.workdir)  # an unusable bucket fails before a dataset build or a compile
   overrides = list(args.overrides)
   if args.profile_steps is not None:  # the flag is this override, spelled shorter
     overrides.append(f"--config.train.profile_steps={args.profile_steps}")

@@ -9,7 +9,7 @@ the progress bar (loss, tokens/s, MFU, ETA), metrics to WORKDIR/metrics.jsonl an
 TensorBoard, validation, checkpoints (with the data iterator) every train.checkpoint_every
 steps and at the end, and a save and stop on SIGTERM. A NaN or infinite loss stops the run
 with the last good checkpoint left as the latest. `--profile-steps A:B` traces steps A to B
-(cardjax/train/profile.py).
+(cardjax/train/profile.py). WORKDIR may be a bucket URI (docs/storage.md).
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ from cardjax.objectives import make_objective
 from cardjax.parallel import make_mesh, use_rules
 from cardjax.train import flops, periodic, validation
 from cardjax.train.checkpointing import TrainCheckpointer
-from cardjax.train.metrics import MetricsWriter
+from cardjax.storage import as_path, check, is_remote, resolve
+from cardjax.storage.transfer import cached_copy
+from cardjax.train.metrics import MetricsWriter, local_run_dir
 from cardjax.train.optimizer import learning_rate, make_optimizer, sharded_init
 from cardjax.train.periodic import Preempted, TrainingError
 from cardjax.train.profile import ProfileWindow, parse_steps
@@ -52,10 +54,14 @@ RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat", "attention_imp
 
 def train(config, workdir: str | Path) -> dict:
   """Run (or resume) the training job; returns the last train and eval metrics."""
-  workdir = Path(workdir).absolute()
-  # A bad value fails before any work.
+  workdir = resolve(workdir)
+  # A bad value, an unreachable bucket, missing credentials: each fails before any work.
   profile_steps = parse_steps(config.train.profile_steps, config.train.steps)
-  workdir.mkdir(parents=True, exist_ok=True)
+  for path in (workdir, config.train.init_from):
+    if path:
+      check(path)
+  if not is_remote(workdir):
+    Path(workdir).mkdir(parents=True, exist_ok=True)
   if config.train.compilation_cache_dir:
     # Before the first compile; entries are keyed by program, devices and jax version.
     jax.config.update("jax_compilation_cache_dir", config.train.compilation_cache_dir)
@@ -65,7 +71,7 @@ def train(config, workdir: str | Path) -> dict:
   rules = config.mesh.rules or None
   with jax.set_mesh(mesh), (use_rules(rules) if rules else contextlib.nullcontext()):
     job = setup(config, workdir, mesh)
-    profile = ProfileWindow(profile_steps, workdir / "profile", job.start)
+    profile = ProfileWindow(profile_steps, local_run_dir(workdir) / "profile", job.start)
     return _loop(job, profile)
 
 
@@ -109,6 +115,7 @@ class Job:
   def save(self, step: int) -> None:
     self.ckpt.save(step, self.params, self.opt_state, self.loader, self.config, self.cfg)
     self.last_saved = step
+    self.writer.sync()  # a bucket workdir's metrics, as far as the checkpoint
 
   def close(self) -> None:
     self.writer.close()
@@ -122,10 +129,10 @@ def _init_model(config, mesh):
   runtime = {k: config.model[k] for k in RUNTIME_FIELDS}
   if not source:
     return create_model(model_config(config), seed=config.seed, mesh=mesh), "random init"
-  path = Path(source)
-  if (path / "config.json").is_file():
-    return hf.from_pretrained(path, mesh=mesh, **runtime), f"HF {path}"
-  if path.is_dir():
+  path = resolve(source)
+  if (as_path(path) / "config.json").is_file():
+    return hf.from_pretrained(cached_copy(path), mesh=mesh, **runtime), f"HF {path}"
+  if as_path(path).is_dir():
     overrides = {k: runtime[k] for k in ("dtype", "remat", "attention_impl", "mask_token_id")}
     model, step = model_checkpoint.restore_model(path, mesh=mesh, **overrides)
     return model, f"orbax {path} step {step}"
@@ -133,17 +140,18 @@ def _init_model(config, mesh):
                      "an orbax checkpoint folder")
 
 
-def setup(config, workdir: Path, mesh) -> Job:
+def setup(config, workdir: str | Path, mesh) -> Job:
   """The model (resumed, loaded or new), optimizer, data, checkpointer, jitted steps and
   metrics writer of a run, inside `mesh` (and its sharding rules)."""
   t = config.train
-  ckpt = TrainCheckpointer(workdir / "checkpoints", t.keep_checkpoints, t.async_checkpoint)
+  workdir = resolve(workdir)
+  ckpt = TrainCheckpointer(f"{workdir}/checkpoints", t.keep_checkpoints, t.async_checkpoint)
   # The tokenizer travels with the checkpoints: export-hf then writes a complete HF folder
   # and generate needs no data dir.
   model_checkpoint.copy_assets(ckpt.directory, tokenizer_source(config))
   latest = ckpt.latest_step()
   if latest is not None:
-    saved = model_checkpoint.read_model_config(ckpt.directory, latest)
+    saved = model_checkpoint.read_model_config(ckpt.orbax_dir, latest)
     runtime = {k: config.model[k] for k in RUNTIME_FIELDS}
     # Shapes and shardings only: the restore below writes every array once, so a resumed
     # run never holds a random init next to the checkpoint.
