@@ -19,7 +19,7 @@ class LoadedRun:
   tokenizer: object
   objective: str | None  # the training objective; None: unknown (an HF / GGUF import)
   step: int = 0
-  root: Path | None = None  # the checkpoints folder
+  root: Path | None = None  # the checkpoints folder (an epath.Path: local or a bucket)
 
   @functools.cached_property
   def frozen(self):
@@ -34,8 +34,11 @@ class LoadedRun:
 
 
 def checkpoints_dir(run_dir: str | Path) -> Path:
-  """RUN/checkpoints for a training run folder, else the folder itself."""
-  root = Path(run_dir)
+  """RUN/checkpoints for a training run folder, else the folder itself (local, gs://,
+  s3://)."""
+  from cardjax.storage import as_path
+
+  root = as_path(run_dir)
   return root / "checkpoints" if (root / "checkpoints").is_dir() else root
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import portpicker
 import pytest
 from flax import nnx
 
@@ -99,3 +100,93 @@ def test_killed_bucket_run_resumes_like_a_local_run(scheme, data_dir, tmp_path, 
     steps = [l["step"] for l in lines if "train/loss" in l]
     assert steps.count(2) == 1 and steps[-1] == latest + 2, steps
     assert any((as_path(run) / "tensorboard").iterdir())
+
+
+def test_bucket_run_exports_to_hugging_face(data_dir, tmp_path, monkeypatch, capsys):
+  """export-hf reads a gs:// run and writes a local folder transformers loads (logits match)
+  and a bucket folder, which import-hf reads back into a bucket checkpoint."""
+  import torch
+  from transformers import AutoModelForCausalLM, AutoTokenizer
+
+  from cardjax.cli import main
+
+  with emulated("gs") as (_, root):
+    monkeypatch.setenv("CARDJAX_STAGING_DIR", str(tmp_path / "staging"))
+    run = f"{root}/run"
+    train(load_config("configs/tiny_card.py", [f"--config.data.data_dir={data_dir}", *SMALL,
+                                               "--config.train.steps=2"]), run)
+    assert main(["export-hf", f"{run}/checkpoints", str(tmp_path / "hf")]) == 0
+    assert main(["export-hf", f"{run}/checkpoints", f"{root}/hf"]) == 0
+    assert (as_path(root) / "hf" / "config.json").is_file()
+    assert main(["import-hf", f"{root}/hf", f"{root}/imported"]) == 0
+    model, _ = checkpoint.restore_model(f"{run}/checkpoints")
+    again, _ = checkpoint.restore_model(f"{root}/imported")
+  for a, b in zip(jax.tree.leaves(nnx.state(model, nnx.Param)),
+                  jax.tree.leaves(nnx.state(again, nnx.Param))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  tokens = np.asarray(AutoTokenizer.from_pretrained(tmp_path / "hf")("def f(x): return x")[
+      "input_ids"], dtype=np.int64)[None]
+  assert tokens.size > 3  # the run's tokenizer came along (hf_assets/ on the bucket)
+  hf_model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+  with torch.no_grad():
+    ref = hf_model.eval()(torch.tensor(tokens)).logits.numpy()
+  np.testing.assert_allclose(ref, np.asarray(model(tokens)), atol=1e-4)
+
+
+def test_an_unfinished_upload_is_never_the_latest_step(tmp_path, monkeypatch):
+  """s3:// steps count once their marker is uploaded, after every other file: a step cut
+  short (SIGKILL, lost network) is invisible, and uploading it again replaces it."""
+  from cardjax.model import create_model
+  from cardjax.config import model_config
+  from cardjax.storage.staged import MARKER, StagedCheckpoints
+
+  monkeypatch.setenv("CARDJAX_STAGING_DIR", str(tmp_path / "staging"))
+  cfg = model_config(load_config("configs/tiny_card.py", SMALL))
+  with emulated("s3") as (_, root):
+    ckpt = f"{root}/ckpt"
+    checkpoint.save_model(ckpt, create_model(cfg, seed=0), step=1)
+    staged = StagedCheckpoints(ckpt)
+    checkpoint.save_model(tmp_path / "local", create_model(cfg, seed=1), step=2)
+    files = sorted(f for f in (tmp_path / "local" / "2").rglob("*") if f.is_file())
+    for f in files[: len(files) // 2]:  # half of step 2, no marker
+      rel = f.relative_to(tmp_path / "local").as_posix()
+      (as_path(ckpt) / rel).parent.mkdir(parents=True, exist_ok=True)
+      (as_path(ckpt) / rel).write_bytes(f.read_bytes())
+    assert checkpoint.saved_steps(ckpt) == [1] and checkpoint.latest_step(ckpt) == 1
+    _, step = checkpoint.restore_model(ckpt)
+    assert step == 1
+    # Saving step 2 for real replaces the half-written one; a new reader sees it whole.
+    model2 = create_model(cfg, seed=2)
+    checkpoint.save_model(ckpt, model2, step=2)
+    assert (as_path(ckpt) / "2" / MARKER).is_file() and staged.committed().keys() == {1, 2}
+    monkeypatch.setenv("CARDJAX_STAGING_DIR", str(tmp_path / "staging-reader"))
+    restored, step = checkpoint.restore_model(ckpt)
+  assert step == 2
+  for a, b in zip(jax.tree.leaves(nnx.state(model2, nnx.Param)),
+                  jax.tree.leaves(nnx.state(restored, nnx.Param))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("scheme", ["gs", "s3"])
+def test_two_process_job_checkpoints_to_a_bucket_and_resumes(scheme, data_dir, tmp_path):
+  """launch/local.sh's two processes (gloo on CPU) train into a bucket, each writes its
+  data-iterator state there, and a second launch resumes from it."""
+  with emulated(scheme) as (env, root):
+    run = f"{root}/run"
+    environ = _env(env, tmp_path / "staging")
+    environ.pop("XLA_FLAGS", None)
+    environ["CARDJAX_PORT"] = str(portpicker.pick_unused_port())
+    for steps, every in ((4, 4), (6, 100)):
+      cmd = [str(ROOT / "launch" / "local.sh"), "2", "2",
+             *_train_args(run, data_dir, steps, f"--config.train.checkpoint_every={every}")]
+      result = subprocess.run(cmd, env=environ, cwd=ROOT, capture_output=True, text=True,
+                              timeout=400)
+      assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+      if steps == 4:
+        data = as_path(f"{run}/checkpoints/4/data")
+        assert sorted(p.name for p in data.iterdir() if p.name.endswith(".json")) == [
+            "process_0-of-2.json", "process_1-of-2.json"]
+    assert checkpoint.saved_steps(f"{run}/checkpoints")[-1] == 6
+    lines = [json.loads(l) for l in (as_path(run) / "metrics.jsonl").read_text().splitlines()]
+    # Only process 0 writes; the second launch resumed at 4 (no second step-2 line).
+    assert [l["step"] for l in lines if "train/loss" in l] == [2, 4, 6]

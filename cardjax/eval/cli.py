@@ -71,7 +71,7 @@ def run(args) -> int:
     rows = jsonl.read_examples(args.file, args.prompt_field, args.answer_field, args.n)
   paths = [args.checkpoint] + ([args.compare] if args.compare else [])
   for path in paths:  # both, before minutes go into the first
-    if not checkpoints_dir(path).is_dir():
+    if not checkpoints_dir(path).exists():
       raise CheckpointError(f"checkpoint {path} does not exist; give a run folder (with "
                             "checkpoints/) or a checkpoint folder")
   mesh = make_mesh(1, -1, 1) if jax.device_count() > 1 else None

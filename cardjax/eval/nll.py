@@ -13,9 +13,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from pathlib import Path
 
 from cardjax.errors import CardjaxError
+from cardjax.storage import as_path
+from cardjax.storage.transfer import cached_copy
 
 
 def data_config(run, dataset: str = "", data_dir: str = "", tokenizer: str = "",
@@ -48,11 +49,12 @@ def data_config(run, dataset: str = "", data_dir: str = "", tokenizer: str = "",
     config.data.options = ml_collections.ConfigDict(options)
   if data_dir:
     config.data.data_dir = data_dir
-  assets = Path(run.root or "") / "hf_assets"
+  assets = f"{run.root}/hf_assets" if run.root else "hf_assets"
   if tokenizer:
     config.data.tokenizer = tokenizer
-  elif (assets / "tokenizer.json").is_file():
-    config.data.tokenizer = str(assets)  # the checkpoint's: the one the model was trained on
+  elif (as_path(assets) / "tokenizer.json").is_file():
+    # The checkpoint's: the one the model was trained on (a bucket's: a local copy).
+    config.data.tokenizer = str(cached_copy(assets))
   return config
 
 

@@ -27,6 +27,8 @@ from cardjax.model.config import ModelConfig
 from cardjax.model.create import abstract_model
 from cardjax.model.decoder import Decoder
 from cardjax.parallel.sharding import param_shardings
+from cardjax.storage import is_remote, resolve
+from cardjax.storage.transfer import cached_copy, local_output
 
 log = logging.getLogger("cardjax.hf")
 
@@ -64,9 +66,10 @@ def asset_files(directory: str | Path) -> list[Path]:
 
 
 def from_pretrained(path: str | Path, mesh=None, **overrides) -> Decoder:
-  """Load a local HF folder. `overrides` set ModelConfig fields HF does not have
-  (dtype, param_dtype, scan_layers, remat, mask_token_id, ...)."""
-  path = Path(path)
+  """Load a HF folder (local, or gs:// / s3://: downloaded to its staging folder first).
+  `overrides` set ModelConfig fields HF does not have (dtype, param_dtype, scan_layers,
+  remat, mask_token_id, ...)."""
+  path = cached_copy(path)
   cfg = model_config_from_hf(read_config_json(path), source=str(path / "config.json"),
                              **overrides)
   model = load_tensors(cfg, SafetensorsReader(path), str(path), mesh)
@@ -149,10 +152,20 @@ def hf_tensors(model: Decoder, dtype: str | None = None):
 
 def save_pretrained(model: Decoder, path: str | Path, dtype: str | None = None,
                     assets_from: str | Path | None = None,
-                    max_shard_bytes: int = 5 * 2**30) -> Path:
+                    max_shard_bytes: int = 5 * 2**30) -> Path | str:
   """Write `model` as a HF folder. Every process must call it (the gather is collective);
   only process 0 writes. Tokenizer files come from `assets_from`, else from the folder the
-  model was loaded from."""
+  model was loaded from. A bucket `path` (gs://, s3://) is written locally, then uploaded."""
+  if assets_from is not None:  # a bucket folder: read from a local copy
+    assets_from = cached_copy(assets_from)
+  if is_remote(path):
+    with local_output(path) as local:
+      _save_local(model, local, dtype, assets_from, max_shard_bytes)
+    return resolve(path)
+  return _save_local(model, Path(resolve(path)), dtype, assets_from, max_shard_bytes)
+
+
+def _save_local(model, path, dtype, assets_from, max_shard_bytes) -> Path:
   import json
 
   cfg = model.cfg

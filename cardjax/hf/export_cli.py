@@ -3,12 +3,11 @@ the tokenizer files the checkpoint keeps in hf_assets/."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 
 def add_arguments(p) -> None:
-  p.add_argument("checkpoint_dir", help="orbax checkpoint folder (cardjax init/train/import-hf)")
-  p.add_argument("hf_dir", help="HF folder to write")
+  p.add_argument("checkpoint_dir", help="orbax checkpoint folder (cardjax init/train/import-hf); "
+                                         "local, gs:// or s3://")
+  p.add_argument("hf_dir", help="HF folder to write (local, gs:// or s3://)")
   p.add_argument("--step", type=int, default=None, help="step to export (default latest)")
   p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                  help="tensor dtype on disk (default: the parameters' dtype)")
@@ -18,11 +17,14 @@ def add_arguments(p) -> None:
 def run(args) -> None:
   from cardjax import checkpoint, hf
   from cardjax.parallel.mesh import local_mesh
+  from cardjax.storage import as_path, check, resolve
 
+  args.checkpoint_dir, args.hf_dir = resolve(args.checkpoint_dir), resolve(args.hf_dir)
+  check(args.hf_dir)  # an unusable output bucket fails before the weights are read
   model, step = checkpoint.restore_model(args.checkpoint_dir, step=args.step,
                                          mesh=local_mesh())
-  assets = Path(args.checkpoint_dir) / checkpoint.ASSETS
+  assets = f"{args.checkpoint_dir}/{checkpoint.ASSETS}"
   out = hf.save_pretrained(model, args.hf_dir, dtype=args.dtype,
-                           assets_from=assets if assets.is_dir() else None,
+                           assets_from=assets if as_path(assets).is_dir() else None,
                            max_shard_bytes=int(args.max_shard_gb * 2**30))
   print(f"exported step {step} of {args.checkpoint_dir} -> {out}")

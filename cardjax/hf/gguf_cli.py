@@ -9,8 +9,8 @@ from cardjax.hf.import_cli import add_written_checkpoint_arguments
 
 
 def add_arguments(p) -> None:
-  p.add_argument("gguf_file", help="a .gguf file (llama or qwen2; F32/F16/BF16/Q8_0/Q4_0/"
-                                   "Q4_1/Q5_0/Q5_1/Q4_K/Q6_K tensors)")
+  p.add_argument("gguf_file", help="a .gguf file, local or gs:// / s3:// (llama or qwen2; "
+                                   "F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q6_K tensors)")
   add_written_checkpoint_arguments(p)
   p.add_argument("--mask-token", default="",
                  help="the token MARS/CARD use as [MASK] (default: <|mask|> if present, else "
@@ -24,7 +24,11 @@ def run(args) -> None:
   from cardjax.hf import gguf
   from cardjax.model import param_count
   from cardjax.parallel.mesh import local_mesh
+  from cardjax.storage import check
+  from cardjax.storage.transfer import cached_copy
 
+  check(args.checkpoint_dir)  # an unusable output bucket fails before the download
+  args.gguf_file = str(cached_copy(args.gguf_file))  # a bucket object: read a local copy
   start = time.time()
   # Everything is read and checked before the checkpoint folder is touched.
   f = gguf.GGUFFile(args.gguf_file)

@@ -7,7 +7,8 @@ import time
 
 def add_written_checkpoint_arguments(p) -> None:
   """The flags of the checkpoint an import writes (import-hf and import-gguf)."""
-  p.add_argument("checkpoint_dir", help="orbax checkpoint folder to write")
+  p.add_argument("checkpoint_dir", help="orbax checkpoint folder to write (local, gs:// or "
+                                         "s3://)")
   p.add_argument("--step", type=int, default=0, help="step number to save as (default 0)")
   p.add_argument("--param-dtype", choices=("float32", "bfloat16"), default=None,
                  help="storage dtype of the parameters (default float32)")
@@ -15,7 +16,8 @@ def add_written_checkpoint_arguments(p) -> None:
 
 
 def add_arguments(p) -> None:
-  p.add_argument("hf_dir", help="local HF model folder (config.json + safetensors)")
+  p.add_argument("hf_dir", help="HF model folder (config.json + safetensors); local, or "
+                                 "gs:// / s3:// (downloaded first)")
   add_written_checkpoint_arguments(p)
   p.add_argument("--mask-token-id", type=int, default=None,
                  help="[MASK] id to record (default: config.json's mask_token_id, else the "
@@ -28,7 +30,11 @@ def run(args) -> None:
   from cardjax.hf.mask import import_mask_id
   from cardjax.model import param_count
   from cardjax.parallel.mesh import local_mesh
+  from cardjax.storage import check
+  from cardjax.storage.transfer import cached_copy
 
+  check(args.checkpoint_dir)  # an unusable output bucket fails before the download
+  args.hf_dir = str(cached_copy(args.hf_dir))  # a bucket folder: read from a local copy
   extra = {"scan_layers": args.scan_layers}
   if args.param_dtype:
     extra["param_dtype"] = args.param_dtype

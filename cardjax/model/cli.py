@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from cardjax.storage import resolve
 
 
 def add_arguments(p) -> None:
@@ -20,6 +20,6 @@ def run(args) -> None:
   model = create_model(model_config(config), seed=config.seed, mesh=local_mesh())
   # The run config goes with it, as a training run's does: serve, generate and eval find
   # the config's tokenizer there.
-  path = checkpoint.save_model(Path(args.workdir) / "checkpoints", model, step=0,
+  path = checkpoint.save_model(f"{resolve(args.workdir)}/checkpoints", model, step=0,
                                run_config=config)
   print(f"initialised {param_count(model):,} parameters -> {path}")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from etils import epath
 
+from cardjax.errors import CardjaxError
 from cardjax.storage.paths import as_path, is_remote, resolve
 
 
@@ -114,11 +115,13 @@ def cached_copy(path: str | os.PathLike) -> Path:
   if not is_remote(path):
     return Path(resolve(path))
   remote = as_path(path)
+  if not remote.exists():
+    raise CardjaxError(f"{resolve(path)} does not exist")
   target = staging_dir(resolve(path)) / "copy" / remote.name
   shutil.rmtree(target.parent, ignore_errors=True)
   target.parent.mkdir(parents=True)
   if remote.is_dir():
     download_tree(remote, target)
-  elif remote.exists():
+  else:
     target.write_bytes(remote.read_bytes())
   return target
