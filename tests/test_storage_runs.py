@@ -167,7 +167,9 @@ def test_an_unfinished_upload_is_never_the_latest_step(tmp_path, monkeypatch):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-@pytest.mark.parametrize("scheme", ["gs", "s3"])
+# s3:// by default (cardjax's own staging, with process 0 uploading); gs:// (orbax writing
+# from both processes) in `make test-slow`.
+@pytest.mark.parametrize("scheme", [pytest.param("gs", marks=pytest.mark.slow), "s3"])
 def test_two_process_job_checkpoints_to_a_bucket_and_resumes(scheme, data_dir, tmp_path):
   """launch/local.sh's two processes (gloo on CPU) train into a bucket, each writes its
   data-iterator state there, and a second launch resumes from it."""
@@ -190,3 +192,58 @@ def test_two_process_job_checkpoints_to_a_bucket_and_resumes(scheme, data_dir, t
     lines = [json.loads(l) for l in (as_path(run) / "metrics.jsonl").read_text().splitlines()]
     # Only process 0 writes; the second launch resumed at 4 (no second step-2 line).
     assert [l["step"] for l in lines if "train/loss" in l] == [2, 4, 6]
+
+
+def _closed_port() -> int:
+  return portpicker.pick_unused_port()
+
+
+def _fails(argv, capsys) -> str:
+  """The one-line error `cardjax ARGV` prints (status 2, no traceback), within seconds."""
+  from cardjax.cli import main
+
+  capsys.readouterr()
+  start = time.time()
+  assert main(argv) == 2
+  assert time.time() - start < 20, "a storage check retried instead of failing fast"
+  err = capsys.readouterr().err
+  assert err.startswith("cardjax: error: ") and "Traceback" not in err, err
+  return err
+
+
+def test_unusable_buckets_are_one_clear_error_before_any_work(tmp_path, monkeypatch, capsys):
+  """Each fails in the CLI before a dataset build (the data dir does not exist) or a
+  compile: an endpoint nobody listens on, no credentials, no such bucket."""
+  train = lambda workdir: ["train", "--config", "configs/tiny_card.py", "--workdir", workdir,
+                           f"--config.data.data_dir={tmp_path / 'never-built'}"]
+  for k in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL", "AWS_ENDPOINT_URL",
+            "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE",
+            "AWS_SESSION_TOKEN", "GOOGLE_APPLICATION_CREDENTIALS"):
+    monkeypatch.delenv(k, raising=False)
+  # No credentials of either kind (and no cloud VM's metadata server to ask).
+  monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+  monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+  monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+  monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+  monkeypatch.setenv("NO_GCE_CHECK", "true")
+  assert "no AWS credentials" in _fails(train("s3://b/run"), capsys)
+  assert "no Google Cloud credentials" in _fails(train("gs://b/run"), capsys)
+  # Endpoints nobody listens on.
+  url = f"http://127.0.0.1:{_closed_port()}"
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
+  assert "TENSORSTORE_GCS_HTTP_URL" in _fails(train("gs://b/run"), capsys)
+  monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", url)
+  assert f"cannot reach the storage endpoint STORAGE_EMULATOR_HOST={url}" in _fails(
+      train("gs://b/run"), capsys)
+  monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+  monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+  monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+  assert f"cannot reach the storage endpoint AWS_ENDPOINT_URL={url}" in _fails(
+      train("s3://b/run"), capsys)
+  assert "cannot reach" in _fails(["export-hf", str(tmp_path), "s3://b/hf"], capsys)
+  # Buckets that do not exist.
+  for scheme in ("gs", "s3"):
+    with emulated(scheme):
+      assert f"{scheme}://no-such-bucket: no such bucket" in _fails(
+          train(f"{scheme}://no-such-bucket/run"), capsys)
+  assert not (tmp_path / "never-built").exists()
