@@ -96,8 +96,7 @@ def emulated(scheme: str):
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     fsspec.AbstractFileSystem.clear_instance_cache()
-    for cls in _fs_classes():
-      cls.clear_instance_cache()
+    _drop_cached_file_systems()
     try:
       yield env, f"{scheme}://{BUCKET}"
     finally:
@@ -106,8 +105,17 @@ def emulated(scheme: str):
           os.environ.pop(k, None)
         else:
           os.environ[k] = v
-      for cls in _fs_classes():
-        cls.clear_instance_cache()
+      _drop_cached_file_systems()
+
+
+def _drop_cached_file_systems() -> None:
+  """gcsfs / s3fs instances read their endpoint when made; fsspec and etils.epath keep
+  them, so a second emulator (another port) in one test process would reach the first."""
+  from etils.epath import backend
+
+  for cls in _fs_classes():
+    cls.clear_instance_cache()
+  backend._FileSystemSpecBackend._get_filesystem.cache_clear()
 
 
 def _fs_classes():
