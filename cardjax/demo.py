@@ -59,7 +59,8 @@ def _train_models(workdir: Path, base) -> dict:
       extra.append(f"--config.train.init_from={workdir / 'runs' / 'sft' / 'checkpoints'}")
     config = load_config(f"configs/{config_name}.py", list(base) + extra)
     out = train(config, workdir / "runs" / name)
-    lines = [json.loads(l) for l in open(workdir / "runs" / name / "metrics.jsonl")]
+    text = (workdir / "runs" / name / "metrics.jsonl").read_text()
+    lines = [json.loads(l) for l in text.splitlines()]
     losses = [l["train/loss"] for l in lines if "train/loss" in l]
     results[name] = {"first_loss": losses[0], "last_loss": losses[-1],
                      "eval_ar_nll": out["eval"]["ar_nll"]}
@@ -106,10 +107,18 @@ def run_demo(workdir: str | Path, overrides=()) -> dict:
   from cardjax.data.show import show_rows
   from cardjax.model import create_model, param_count
 
-  workdir = Path(workdir).absolute()
-  workdir.mkdir(parents=True, exist_ok=True)
+  from cardjax.storage import as_path, check, is_remote, resolve
+  from cardjax.storage.transfer import cached_copy, staging_dir
+
+  check(workdir)
+  # An epath.Path: a local folder or a bucket (gs://, s3://). A bucket demo builds its
+  # datasets in the local staging folder (inputs, rebuilt from the embedded sources).
+  workdir = as_path(resolve(workdir))
+  if not is_remote(workdir):  # a bucket has no folders to make
+    workdir.mkdir(parents=True, exist_ok=True)
   report: dict = {"jax": jax.__version__, "backend": jax.default_backend()}
-  base = [f"--config.data.data_dir={workdir / 'data'}", *overrides]
+  data = staging_dir(str(workdir)) / "data" if is_remote(workdir) else workdir / "data"
+  base = [f"--config.data.data_dir={data}", *overrides]
   pretrain = load_config("configs/tiny.py", base)
   sft = load_config("configs/tiny.py", base + SFT)
 
@@ -177,7 +186,8 @@ def run_demo(workdir: str | Path, overrides=()) -> dict:
   except ImportError:
     message += "; transformers not installed (pip install -e '.[test]')"
   else:
-    tm = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    tm = transformers.AutoModelForCausalLM.from_pretrained(cached_copy(hf_dir),
+                                                           dtype=torch.float32)
     with torch.no_grad():
       ref = tm.eval()(torch.tensor(np.asarray(tokens), dtype=torch.long)).logits.numpy()
     report["transformers_max_abs_diff"] = float(np.abs(ref - logits).max())

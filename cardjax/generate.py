@@ -14,7 +14,8 @@ from cardjax.storage import as_path
 def add_arguments(p) -> None:
   from cardjax.decoding.cli import add_decoding_arguments
 
-  p.add_argument("--checkpoint", required=True, help="a run folder or its checkpoints/")
+  p.add_argument("--checkpoint", required=True,
+                 help="a run folder or its checkpoints/ (local, gs:// or s3://)")
   group = p.add_mutually_exclusive_group(required=True)
   group.add_argument("--prompt", help="one prompt")
   group.add_argument("--prompts", help="a file with one prompt per line")

@@ -17,7 +17,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   from cardjax.decoding.cli import add_decoding_arguments
   from cardjax.eval.tasks import TASKS
 
-  p.add_argument("--checkpoint", required=True, help="a run folder or its checkpoints/")
+  p.add_argument("--checkpoint", required=True,
+                 help="a run folder or its checkpoints/ (local, gs:// or s3://)")
   p.add_argument("--task", required=True, help=" | ".join(TASKS))
   p.add_argument("--compare", default="",
                  help="a second checkpoint, evaluated with the same settings; the table and "
@@ -71,7 +72,7 @@ def run(args) -> int:
     rows = jsonl.read_examples(args.file, args.prompt_field, args.answer_field, args.n)
   paths = [args.checkpoint] + ([args.compare] if args.compare else [])
   for path in paths:  # both, before minutes go into the first
-    if not checkpoints_dir(path).exists():
+    if not checkpoints_dir(path).is_dir():
       raise CheckpointError(f"checkpoint {path} does not exist; give a run folder (with "
                             "checkpoints/) or a checkpoint folder")
   mesh = make_mesh(1, -1, 1) if jax.device_count() > 1 else None

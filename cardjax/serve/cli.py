@@ -37,7 +37,8 @@ def parse_sizes(text: str) -> tuple[int, ...]:
 
 def add_arguments(p) -> None:
   """The flags of `cardjax serve`."""
-  p.add_argument("--checkpoint", required=True, help="a run folder or its checkpoints/")
+  p.add_argument("--checkpoint", required=True,
+                 help="a run folder or its checkpoints/ (local, gs:// or s3://)")
   p.add_argument("--method", default="ar",
                  help="default decoding method: ar | mars | card | dus | eb | cb (a request "
                       "may pick another that the checkpoint serves)")
