@@ -18,6 +18,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from cardjax.checkpoint import manager
+from cardjax.errors import CheckpointError
 from cardjax.storage import resolve, scheme
 from cardjax.storage.staged import StagedCheckpoints
 
@@ -38,6 +39,13 @@ class TrainCheckpointer:
       if jax.process_index() == 0:  # the newest committed step, into the staging folder
         self.staged.pull()
       _barrier("cardjax-staged-pull")
+      committed = self.staged.committed()
+      if committed and not (self.staged.local / str(max(committed))).is_dir():
+        raise CheckpointError(
+            f"{self.directory}: process {jax.process_index()} does not see step "
+            f"{max(committed)} that process 0 downloaded to {self.staged.local}; on s3:// "
+            "the hosts of a job must share the staging folder: set CARDJAX_STAGING_DIR to a "
+            "shared file system (docs/storage.md)")
       self.orbax_dir = str(self.staged.local)
       async_save = False
     self.mngr = manager(self.orbax_dir, max_to_keep=keep, async_save=async_save)
