@@ -58,8 +58,22 @@ def _params(run):
   return [np.asarray(p) for p in jax.tree.leaves(nnx.state(model, nnx.Param))]
 
 
+TOTAL = 12  # steps of the killed-and-resumed runs and of the run that never stopped
+
+
+@pytest.fixture(scope="module")
+def straight(data_dir, tmp_path_factory):
+  """(final loss, parameters) of a local run that never stopped, trained in this process
+  (the same 8 simulated devices as the subprocesses, so the same reduction order)."""
+  run = tmp_path_factory.mktemp("straight")
+  result = train(load_config("configs/tiny_card.py", [
+      f"--config.data.data_dir={data_dir}", *SMALL, f"--config.train.steps={TOTAL}"]), run)
+  return result["train"]["loss"], _params(run)
+
+
 @pytest.mark.parametrize("scheme", ["gs", "s3"])
-def test_killed_bucket_run_resumes_like_a_local_run(scheme, data_dir, tmp_path, monkeypatch):
+def test_killed_bucket_run_resumes_like_a_local_run(scheme, data_dir, straight, tmp_path,
+                                                    monkeypatch):
   """SIGKILL while a checkpoint is saved every step: the bucket's latest step is whole, and
   a restart (on a fresh staging folder: nothing local carried over) resumes from it to the
   loss and parameters of a run that never stopped."""
@@ -78,27 +92,22 @@ def test_killed_bucket_run_resumes_like_a_local_run(scheme, data_dir, tmp_path, 
     proc.kill()
     proc.wait(timeout=60)
     latest = checkpoint.latest_step(f"{run}/checkpoints")
-    assert 2 <= latest < 400
+    assert 2 <= latest < TOTAL
     model, step = checkpoint.restore_model(f"{run}/checkpoints")  # whole, not half-written
     assert step == latest
-    done = subprocess.run(_train_args(run, data_dir, latest + 2), cwd=ROOT, text=True,
+    done = subprocess.run(_train_args(run, data_dir, TOTAL), cwd=ROOT, text=True,
                           env=_env(env, tmp_path / "staging-2"), capture_output=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    resumed = _params(run)
-    # The run that never stopped: in this process (the same 8 simulated devices as the
-    # subprocesses, so the same reduction order).
-    straight = train(load_config("configs/tiny_card.py", [
-        f"--config.data.data_dir={data_dir}", *SMALL, f"--config.train.steps={latest + 2}"]),
-        tmp_path / "straight")
-    assert f"loss {straight['train']['loss']:.4f};" in done.stdout
-    for a, b in zip(resumed, _params(tmp_path / "straight")):
+    loss, params = straight
+    assert f"trained {TOTAL} steps: loss {loss:.4f};" in done.stdout
+    for a, b in zip(_params(run), params):
       np.testing.assert_array_equal(a, b)
     # The metrics reached the bucket (uploaded at each checkpoint and at the end), and the
     # restart continued them: it resumed, where a fresh start would log step 2 again.
     lines = [json.loads(l) for l in (as_path(run) / "metrics.jsonl").read_text().splitlines()]
     steps = [l["step"] for l in lines if "train/loss" in l]
-    assert steps.count(2) == 1 and steps[-1] == latest + 2, steps
+    assert steps.count(2) == 1 and steps[-1] == TOTAL, steps
     assert any((as_path(run) / "tensorboard").iterdir())
 
 
