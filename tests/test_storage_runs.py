@@ -113,7 +113,8 @@ def test_killed_bucket_run_resumes_like_a_local_run(scheme, data_dir, straight, 
 
 def test_bucket_run_exports_to_hugging_face(data_dir, tmp_path, monkeypatch, capsys):
   """export-hf reads a gs:// run and writes a local folder transformers loads (logits match)
-  and a bucket folder, which import-hf reads back into a bucket checkpoint."""
+  and a bucket folder, which import-hf reads back into a bucket checkpoint; generate reads
+  the run."""
   import torch
   from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -130,6 +131,11 @@ def test_bucket_run_exports_to_hugging_face(data_dir, tmp_path, monkeypatch, cap
     assert main(["import-hf", f"{root}/hf", f"{root}/imported"]) == 0
     model, _ = checkpoint.restore_model(f"{run}/checkpoints")
     again, _ = checkpoint.restore_model(f"{root}/imported")
+    # generate reads the run (its tokenizer from the bucket's hf_assets/) like a local one.
+    capsys.readouterr()
+    assert main(["generate", "--checkpoint", run, "--prompt", "def f(",
+                 "--max-new-tokens", "4"]) == 0
+    assert "method ar" in capsys.readouterr().out
   for a, b in zip(jax.tree.leaves(nnx.state(model, nnx.Param)),
                   jax.tree.leaves(nnx.state(again, nnx.Param))):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
