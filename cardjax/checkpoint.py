@@ -22,7 +22,7 @@ from cardjax.errors import CheckpointError
 from cardjax.model.config import ModelConfig
 from cardjax.model.create import abstract_model
 from cardjax.model.decoder import Decoder
-from cardjax.storage import as_path, resolve, scheme
+from cardjax.storage import checked_path, resolve, scheme
 from cardjax.storage.staged import StagedCheckpoints
 from cardjax.storage.transfer import cached_copy, copy_file
 
@@ -35,7 +35,7 @@ def manager(directory: str | Path, max_to_keep: int | None = None, create: bool 
                                          enable_async_checkpointing=async_save)
   if scheme(directory) == "s3":  # orbax cannot write s3:// (see cardjax/storage/staged.py)
     raise ValueError(f"{directory}: open s3:// checkpoints through StagedCheckpoints")
-  return ocp.CheckpointManager(as_path(directory), options=options)
+  return ocp.CheckpointManager(checked_path(directory), options=options)
 
 
 def save_model(directory: str | Path, model: Decoder, step: int = 0,
@@ -71,7 +71,7 @@ def copy_assets(directory: str | Path, source: str | Path) -> None:
   files = asset_files(source)
   if not files or jax.process_index() != 0:
     return
-  target = as_path(directory) / ASSETS
+  target = checked_path(directory) / ASSETS
   target.mkdir(parents=True, exist_ok=True)
   for f in files:
     copy_file(f, target / f.name)
@@ -87,7 +87,7 @@ def _existing(directory: str | Path, step: int | None = None):
       raise CheckpointError(f"{text} holds no committed checkpoint step (is the path right? "
                             "an interrupted upload has no marker and is never read)")
     return staged.pull(step)
-  path = as_path(text)
+  path = checked_path(text)
   if not path.is_dir():
     raise CheckpointError(f"checkpoint directory {text} does not exist")
   return path
@@ -109,7 +109,7 @@ def saved_steps(directory: str | Path) -> list[int]:
   text = resolve(directory)
   if scheme(text) == "s3":
     return sorted(StagedCheckpoints(text).committed())
-  directory = as_path(text)
+  directory = checked_path(text)
   if not directory.is_dir():
     return []
   with manager(directory, create=False) as mngr:
@@ -197,7 +197,7 @@ def load_tokenizer(directory: str | Path, model_cfg, explicit: str | None = None
   if explicit:
     return load_folder(cached_copy(explicit), mask_token_id=model_cfg.mask_token_id)
   assets = f"{resolve(directory)}/{ASSETS}"
-  if (as_path(assets) / "tokenizer.json").is_file():
+  if (checked_path(assets) / "tokenizer.json").is_file():
     return load_folder(cached_copy(assets), mask_token_id=model_cfg.mask_token_id)
   config = read_run_config(directory)
   if config is None:

@@ -107,13 +107,13 @@ def run_demo(workdir: str | Path, overrides=()) -> dict:
   from cardjax.data.show import show_rows
   from cardjax.model import create_model, param_count
 
-  from cardjax.storage import as_path, check, is_remote, resolve
+  from cardjax.storage import checked_path, check, is_remote, resolve
   from cardjax.storage.transfer import cached_copy, staging_dir
 
   check(workdir)
   # An epath.Path: a local folder or a bucket (gs://, s3://). A bucket demo builds its
   # datasets in the local staging folder (inputs, rebuilt from the embedded sources).
-  workdir = as_path(resolve(workdir))
+  workdir = checked_path(resolve(workdir))
   if not is_remote(workdir):  # a bucket has no folders to make
     workdir.mkdir(parents=True, exist_ok=True)
   report: dict = {"jax": jax.__version__, "backend": jax.default_backend()}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from cardjax.errors import CardjaxError
-from cardjax.storage import as_path
+from cardjax.storage import checked_path
 
 
 def add_arguments(p) -> None:
@@ -50,7 +50,7 @@ def _generate(args, mesh) -> None:
   if args.prompt is not None:
     texts = [args.prompt]
   else:
-    texts = [line for line in as_path(args.prompts).read_text().splitlines() if line.strip()]
+    texts = [line for line in checked_path(args.prompts).read_text().splitlines() if line.strip()]
   if not texts or not all(texts):
     raise CardjaxError("give a non-empty --prompt or a --prompts file with one prompt a line")
   if args.chat:

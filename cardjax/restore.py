@@ -36,9 +36,9 @@ class LoadedRun:
 def checkpoints_dir(run_dir: str | Path) -> Path:
   """RUN/checkpoints for a training run folder, else the folder itself (local, gs://,
   s3://)."""
-  from cardjax.storage import as_path
+  from cardjax.storage import checked_path
 
-  root = as_path(run_dir)
+  root = checked_path(run_dir)
   return root / "checkpoints" if (root / "checkpoints").is_dir() else root
 
 

@@ -11,13 +11,13 @@ import json
 from pathlib import Path
 
 from cardjax.errors import CardjaxError
-from cardjax.storage import as_path
+from cardjax.storage import checked_path
 
 
 def read_examples(path: str | Path, prompt_field: str = "prompt",
                   answer_field: str = "answer", limit: int = 0) -> list[dict]:
   """[{'prompt': str, 'answer': str, 'line': n}] of the first `limit` lines (0: all)."""
-  path = as_path(path)  # local, gs:// or s3://
+  path = checked_path(path)  # local, gs:// or s3://
   if not path.is_file():
     raise CardjaxError(f"--file {path} does not exist; give a .jsonl file with one "
                        f'{{"{prompt_field}": ..., "{answer_field}": ...}} object a line')

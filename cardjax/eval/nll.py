@@ -15,7 +15,7 @@ import copy
 import math
 
 from cardjax.errors import CardjaxError
-from cardjax.storage import as_path
+from cardjax.storage import checked_path
 from cardjax.storage.transfer import cached_copy
 
 
@@ -52,7 +52,7 @@ def data_config(run, dataset: str = "", data_dir: str = "", tokenizer: str = "",
   assets = f"{run.root}/hf_assets" if run.root else "hf_assets"
   if tokenizer:
     config.data.tokenizer = tokenizer
-  elif (as_path(assets) / "tokenizer.json").is_file():
+  elif (checked_path(assets) / "tokenizer.json").is_file():
     # The checkpoint's: the one the model was trained on (a bucket's: a local copy).
     config.data.tokenizer = str(cached_copy(assets))
   return config

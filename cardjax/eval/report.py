@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cardjax.storage import as_path
+from cardjax.storage import checked_path
 
 # The rows of the table, in order: the task's headline first, then speed.
 SHOWN = ("ar_nll", "perplexity", "loss", "batches", "target_tokens", "exact_match", "correct",
@@ -63,7 +63,7 @@ def table(report: dict) -> str:
 
 
 def write(report: dict, path: str | Path) -> Path:
-  path = as_path(path)  # local, gs:// or s3://
+  path = checked_path(path)  # local, gs:// or s3://
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps(report, indent=1) + "\n")
   return path

@@ -17,7 +17,7 @@ def add_arguments(p) -> None:
 def run(args) -> None:
   from cardjax import checkpoint, hf
   from cardjax.parallel.mesh import local_mesh
-  from cardjax.storage import as_path, check, resolve
+  from cardjax.storage import checked_path, check, resolve
 
   args.checkpoint_dir, args.hf_dir = resolve(args.checkpoint_dir), resolve(args.hf_dir)
   check(args.hf_dir)  # an unusable output bucket fails before the weights are read
@@ -25,6 +25,6 @@ def run(args) -> None:
                                          mesh=local_mesh())
   assets = f"{args.checkpoint_dir}/{checkpoint.ASSETS}"
   out = hf.save_pretrained(model, args.hf_dir, dtype=args.dtype,
-                           assets_from=assets if as_path(assets).is_dir() else None,
+                           assets_from=assets if checked_path(assets).is_dir() else None,
                            max_shard_bytes=int(args.max_shard_gb * 2**30))
   print(f"exported step {step} of {args.checkpoint_dir} -> {out}")

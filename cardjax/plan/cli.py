@@ -34,7 +34,7 @@ def before_jax(args) -> None:
 
 def run(args) -> int:
   import json
-  from cardjax.storage import as_path
+  from cardjax.storage import checked_path
 
   from cardjax.config import load_config
   from cardjax.plan import report, run_plan
@@ -45,7 +45,7 @@ def run(args) -> int:
   plans = run_plan(config, args.topology, search=not args.no_search)
   print(report(config, plans, args.mfu))
   if args.json:
-    as_path(args.json).write_text(json.dumps(  # local, gs:// or s3://
+    checked_path(args.json).write_text(json.dumps(  # local, gs:// or s3://
         {"config": args.config, "overrides": args.overrides, "topology": args.topology,
          "mfu": args.mfu, "plans": [dict(vars(p), target=vars(p.target)) for p in plans]},
         indent=1))

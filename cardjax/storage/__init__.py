@@ -7,9 +7,9 @@ folder named `gs:`, so no module should build a Path from a user's string: call 
 """
 
 from cardjax.storage import fsspec_setup
-from cardjax.storage.paths import as_path, is_remote, resolve, scheme
+from cardjax.storage.paths import as_path, checked_path, is_remote, resolve, scheme
 from cardjax.storage.reach import check
 
 fsspec_setup.install()
 
-__all__ = ["as_path", "check", "is_remote", "resolve", "scheme"]
+__all__ = ["as_path", "check", "checked_path", "is_remote", "resolve", "scheme"]

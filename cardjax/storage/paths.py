@@ -42,9 +42,15 @@ def resolve(path: str | os.PathLike) -> str:
 
 
 def as_path(path: str | os.PathLike) -> epath.Path:
-  """An epath.Path of `resolve(path)`: pathlib's API over local disk, gs:// and s3://. A
-  bucket is checked first (once per process; cardjax/storage/reach.py), so a wrong endpoint,
-  missing credentials or a missing bucket is one clear error, not minutes of retries."""
+  """An epath.Path of `resolve(path)`: pathlib's API over local disk, gs:// and s3://. Pure:
+  nothing is reached (see `checked_path`)."""
+  return epath.Path(resolve(path))
+
+
+def checked_path(path: str | os.PathLike) -> epath.Path:
+  """`as_path`, for a path about to be read or written: a bucket is checked first (once per
+  process; cardjax/storage/reach.py), so a wrong endpoint, missing credentials or a missing
+  bucket is one clear error, not minutes of retries."""
   text = resolve(path)
   if scheme(text) is not None:
     from cardjax.storage.reach import check

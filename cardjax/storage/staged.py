@@ -21,7 +21,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from cardjax.storage.paths import as_path, resolve
+from cardjax.storage.paths import checked_path, resolve
 from cardjax.storage.transfer import download_tree, staging_dir
 
 MARKER = "cardjax_committed"
@@ -33,7 +33,7 @@ class StagedCheckpoints:
 
   def __init__(self, uri: str):
     self.uri = resolve(uri)
-    self.remote = as_path(self.uri)
+    self.remote = checked_path(self.uri)
     root = staging_dir(self.uri)
     self.local = root / "orbax"
     self._ids = root / "committed.json"  # step -> marker id of each local step's upload

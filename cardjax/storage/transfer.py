@@ -18,7 +18,7 @@ from pathlib import Path
 from etils import epath
 
 from cardjax.errors import CardjaxError
-from cardjax.storage.paths import as_path, is_remote, resolve
+from cardjax.storage.paths import checked_path, is_remote, resolve
 
 
 def staging_root() -> Path:
@@ -40,7 +40,7 @@ def staging_dir(uri: str) -> Path:
 
 def upload_tree(local: str | os.PathLike, remote: str | epath.Path) -> None:
   """Every file under local folder `local` to the same relative path under `remote`."""
-  local, remote = Path(local), as_path(remote)
+  local, remote = Path(local), checked_path(remote)
   for f in sorted(local.rglob("*")):
     if f.is_file():
       target = remote / f.relative_to(local).as_posix()
@@ -63,7 +63,7 @@ def files_under(folder: epath.Path) -> list[tuple[str, epath.Path]]:
 def download_tree(remote: str | epath.Path, local: str | os.PathLike) -> None:
   """Every object under `remote` to the same relative path under local folder `local`."""
   local = Path(local)
-  for rel, f in files_under(as_path(remote)):
+  for rel, f in files_under(checked_path(remote)):
     target = local / rel
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(f.read_bytes())
@@ -76,7 +76,7 @@ def local_copy(path: str | os.PathLike):
   if not is_remote(path):
     yield Path(resolve(path))
     return
-  remote = as_path(path)
+  remote = checked_path(path)
   with tempfile.TemporaryDirectory(prefix="cardjax-download-") as tmp:
     target = Path(tmp) / remote.name
     if remote.is_dir():
@@ -106,7 +106,7 @@ def copy_file(source: str | os.PathLike, target: str | os.PathLike) -> None:
   if not is_remote(source) and not is_remote(target):
     shutil.copyfile(resolve(source), resolve(target))
   else:
-    as_path(target).write_bytes(as_path(source).read_bytes())
+    checked_path(target).write_bytes(checked_path(source).read_bytes())
 
 
 def cached_copy(path: str | os.PathLike) -> Path:
@@ -114,7 +114,7 @@ def cached_copy(path: str | os.PathLike) -> Path:
   `path` itself when local, else a fresh download into its staging folder."""
   if not is_remote(path):
     return Path(resolve(path))
-  remote = as_path(path)
+  remote = checked_path(path)
   if not remote.exists():
     raise CardjaxError(f"{resolve(path)} does not exist")
   target = staging_dir(resolve(path)) / "copy" / remote.name

@@ -37,7 +37,7 @@ from cardjax.objectives import make_objective
 from cardjax.parallel import make_mesh, use_rules
 from cardjax.train import flops, periodic, validation
 from cardjax.train.checkpointing import TrainCheckpointer
-from cardjax.storage import as_path, check, is_remote, resolve
+from cardjax.storage import checked_path, check, is_remote, resolve
 from cardjax.storage.transfer import cached_copy
 from cardjax.train.metrics import MetricsWriter, local_run_dir
 from cardjax.train.optimizer import learning_rate, make_optimizer, sharded_init
@@ -130,9 +130,9 @@ def _init_model(config, mesh):
   if not source:
     return create_model(model_config(config), seed=config.seed, mesh=mesh), "random init"
   path = resolve(source)
-  if (as_path(path) / "config.json").is_file():
+  if (checked_path(path) / "config.json").is_file():
     return hf.from_pretrained(cached_copy(path), mesh=mesh, **runtime), f"HF {path}"
-  if as_path(path).is_dir():
+  if checked_path(path).is_dir():
     overrides = {k: runtime[k] for k in ("dtype", "remat", "attention_impl", "mask_token_id")}
     model, step = model_checkpoint.restore_model(path, mesh=mesh, **overrides)
     return model, f"orbax {path} step {step}"

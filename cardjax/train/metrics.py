@@ -18,7 +18,7 @@ from pathlib import Path
 
 import jax
 
-from cardjax.storage import as_path, is_remote, resolve
+from cardjax.storage import checked_path, is_remote, resolve
 from cardjax.storage.transfer import staging_dir, upload_tree
 
 
@@ -42,7 +42,7 @@ class MetricsWriter:
       if self.remote:  # start from the bucket's copy, not from an older local one
         shutil.rmtree(workdir, ignore_errors=True)
         workdir.mkdir(parents=True)
-        saved = as_path(self.workdir) / "metrics.jsonl"
+        saved = checked_path(self.workdir) / "metrics.jsonl"
         (workdir / "metrics.jsonl").write_bytes(saved.read_bytes() if saved.exists() else b"")
       workdir.mkdir(parents=True, exist_ok=True)
       self.jsonl = open(workdir / "metrics.jsonl", "a", buffering=1)
