@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
+from cardjax.data.files import open_binary
 from cardjax.errors import CardjaxError
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
@@ -40,7 +41,7 @@ def _zstd_chunks(path: str) -> Iterator[bytes]:
   frames are common). Not zstandard's stream_reader: it ends a truncated file early and
   silently, which would drop the tail of a corpus."""
   dctx = zstandard.ZstdDecompressor()
-  with open(path, "rb") as f:
+  with open_binary(path) as f:
     frame, started = dctx.decompressobj(), False
     while chunk := f.read(_CHUNK_BYTES):
       while chunk:
@@ -72,8 +73,12 @@ def _raw_lines(path: str) -> Iterator[bytes]:
   if path.lower().endswith(".zst"):
     yield from _lines(_zstd_chunks(path))
     return
-  with gzip.open(path, "rb") if path.lower().endswith(".gz") else open(path, "rb") as f:
-    yield from f
+  with open_binary(path) as f:
+    if path.lower().endswith(".gz"):
+      with gzip.GzipFile(fileobj=f, mode="rb") as g:
+        yield from g
+    else:
+      yield from f
 
 
 def jsonl_lines(path: str) -> Iterator[bytes]:
@@ -99,8 +104,15 @@ def _unreadable(path: str, e: Exception) -> CardjaxError:
 def parquet_values(path: str, column: str) -> Iterator[tuple[int, bytes | None]]:
   """(row number from 1 over the whole file, raw text or None) of one column of a Parquet
   file; the column must hold strings or bytes."""
+  with open_binary(path) as f:
+    # On a file object (a bucket file too) pyarrow reads the footer, then only the byte
+    # ranges of the column's chunks it iterates: never the whole file.
+    yield from _parquet_column(f, path, column)
+
+
+def _parquet_column(f, path: str, column: str) -> Iterator[tuple[int, bytes | None]]:
   try:
-    pf = pq.ParquetFile(path)
+    pf = pq.ParquetFile(f)
   except (pa.ArrowException, OSError) as e:
     raise _unreadable(path, e) from None
   with pf:

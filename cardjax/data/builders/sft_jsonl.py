@@ -22,6 +22,7 @@ import tensorflow_datasets as tfds
 from cardjax.data.builders.common import (LOG, ConversationBuilder, PathsConfig, in_validation,
                                           nonempty_splits)
 from cardjax.data.builders.text_corpus import match_files, parse_json_line
+from cardjax.data.files import open_binary
 from cardjax.errors import CardjaxError
 
 ROLES = ("system", "user", "assistant")
@@ -68,7 +69,7 @@ def to_messages(record, where: str) -> tuple[list[dict], str]:
 def _lines(files):
   """(path, relative path, line number, stripped line) of every non-blank line."""
   for path, rel in files:
-    with open(path, "rb") as f:
+    with open_binary(path) as f:
       for lineno, raw in enumerate(f, 1):
         try:
           line = raw.decode("utf-8").strip().removeprefix("\ufeff")

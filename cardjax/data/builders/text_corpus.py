@@ -13,11 +13,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import glob
 import json
 import os
 import re
-from pathlib import Path
 from typing import ClassVar
 
 import tensorflow_datasets as tfds
@@ -25,6 +23,7 @@ import tensorflow_datasets as tfds
 from cardjax.data.builders.common import LOG, PathsConfig, in_validation, nonempty_splits
 from cardjax.data.builders.corpus_formats import (is_jsonl, is_parquet, jsonl_lines,
                                                   parquet_values)
+from cardjax.data.files import common_root, glob_files, open_binary, relative
 from cardjax.errors import CardjaxError
 
 DECODE_MODES = ("error", "replace", "skip")
@@ -56,24 +55,27 @@ def _static_root(pattern: str) -> str:
 
 
 def match_files(patterns: tuple[str, ...]) -> list[tuple[str, str]]:
-  """Sorted (absolute path, path relative to the patterns' common root) of every match."""
+  """Sorted (absolute path or bucket URI, path relative to the patterns' common root) of
+  every match."""
+  # The common root keeps relative paths unique even across patterns (checked first: it
+  # refuses a mix of local and bucket paths before anything is listed).
+  root = common_root([_static_root(p) for p in patterns])
   found, missing = set(), []
   for pattern in patterns:
-    hits = [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
+    hits = glob_files(pattern)
     if not hits:
       missing.append(pattern)
-    found.update(os.path.abspath(p) for p in hits)
+    found.update(hits)
   if missing:
     raise CardjaxError(
         f"no file matches {', '.join(missing)} (of paths {', '.join(patterns)}); check the "
         "paths option (a directory needs a pattern such as DIR/**/*.txt)")
-  # The common root keeps relative paths unique even across patterns.
-  root = os.path.commonpath([_static_root(p) for p in patterns])
   # Keys and order come from the relative paths: tfds orders records by a hash of the example
   # key, so a key with the absolute path would order the same files differently in another
   # folder (and another host's mount would train on another order).
-  return sorted(((p, Path(os.path.relpath(p, root)).as_posix()) for p in found),
-                key=lambda pr: pr[1])
+  # Bucket keys are relative to the bucket's common root too: a corpus copied from disk to
+  # a bucket builds the same keys, so the same records in the same order.
+  return sorted(((p, relative(p, root)) for p in found), key=lambda pr: pr[1])
 
 
 def _decode(data: bytes, mode: str, path: str, base: int = 0, line: int = 0) -> str | None:
@@ -158,7 +160,7 @@ def file_examples(path: str, rel: str, text_field: str, on_decode_error: str, st
   if is_parquet(path):
     yield from _parquet_examples(path, rel, text_field, on_decode_error, stats)
     return
-  with open(path, "rb") as f:
+  with open_binary(path) as f:
     text = _decode(f.read(), on_decode_error, path)
   if text is None:
     stats["undecodable"] += 1
@@ -169,8 +171,40 @@ def file_examples(path: str, rel: str, text_field: str, on_decode_error: str, st
     yield rel, {"text": text.removeprefix("\ufeff"), "source": rel}
 
 
+def _beam_file_examples(path_rel, text_field: str, on_decode_error: str):
+  """file_examples of one file on a Beam worker; its counts go to Beam's metrics."""
+  from apache_beam.metrics import Metrics
+
+  stats = collections.Counter()
+  yield from file_examples(*path_rel, text_field, on_decode_error, stats)
+  for name, value in stats.items():
+    Metrics.counter("text_corpus", name).inc(value)
+
+
+def beam_examples(files, text_field: str, on_decode_error: str):
+  """A Beam PTransform (pipeline -> (key, example)) of `files`: one file a work item, so
+  the workers share the files; tfds' Beam writer then orders the records by key exactly as
+  its single-process writer does."""
+  import apache_beam as beam
+
+  @beam.ptransform_fn
+  def read_files(pipeline):
+    return (pipeline
+            | "Files" >> beam.Create(list(files))
+            | "Spread" >> beam.Reshuffle()
+            | "Examples" >> beam.FlatMap(_beam_file_examples, text_field, on_decode_error))
+
+  return read_files()  # pylint: disable=no-value-for-parameter
+
+
 class FileCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """Files -> {"text", "source"}; subclasses say which files (`_files`) and from where."""
+
+  SUPPORTS_BEAM = True
+  # Set by builders.build for a Beam build: the splits are then Beam PTransforms, and the
+  # per-split counts are Beam metrics (counters text_corpus/files, examples, ...), not
+  # metadata.json entries.
+  use_beam = False
 
   # 1.2.0: a build of 1.1.0 read a .parquet or .jsonl.gz file as one raw text; the new
   # version makes such a build be made again rather than reused.
@@ -215,6 +249,10 @@ class FileCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       raise CardjaxError(
           f"dataset {self.name}: no examples in {self._inputs()}; every file is empty "
           "(or was skipped as undecodable)")
+    if self.use_beam:
+      cfg = self.builder_config
+      text_field = getattr(cfg, "text_field", self.TEXT_FIELD)
+      return {s: beam_examples(files[s], text_field, cfg.on_decode_error) for s in splits}
     return {s: self._generate_examples(files[s], s) for s in splits}
 
   def _generate_examples(self, files, split):
