@@ -1,0 +1,35 @@
+"""text_corpus built on Apache Beam (DirectRunner, two worker processes) stores the records of
+the single-process build, all of them, in the same order; and Beam is refused where a
+builder has no Beam build."""
+
+from __future__ import annotations
+
+import pytest
+
+from cardjax.data import builders
+from cardjax.errors import ConfigError
+from test_data_buckets import all_records, mixed_corpus
+
+BEAM = "--direct_num_workers=2 --direct_running_mode=multi_processing"
+
+
+def test_beam_build_equals_single_process_build(tmp_path):
+  corpus = mixed_corpus(tmp_path / "corpus")
+  for i in range(30):  # more files, so the two workers both get some
+    (corpus / "many" / f"{i:02d}.md").parent.mkdir(exist_ok=True)
+    (corpus / "many" / f"{i:02d}.md").write_text(f"# page {i}\n" + "body " * i)
+  options = {"paths": f"{corpus}/**/*.*", "validation_percent": 30}
+  single = builders.build("text_corpus", tmp_path / "single", **options)
+  beam = builders.build("text_corpus", tmp_path / "beam", beam_runner="DirectRunner",
+                        beam_options=BEAM, **options)
+  assert set(beam.info.splits) == set(single.info.splits) == {"train", "validation"}
+  expected = all_records(tmp_path / "single", **options)
+  assert all_records(tmp_path / "beam", **options) == expected
+  assert sum(map(len, expected.values())) > 100
+  assert list((tmp_path / "beam").rglob("*.array_record-*"))  # the same file format
+
+
+def test_beam_needs_a_builder_with_a_beam_build(tmp_path):
+  with pytest.raises(ConfigError, match=r"dataset arith_sft has no Beam build \(datasets "
+                                        r"with one: text_corpus.*drop --beam-runner"):
+    builders.build("arith_sft", tmp_path, beam_runner="DirectRunner")
