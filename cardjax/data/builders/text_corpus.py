@@ -1,11 +1,14 @@
-"""text_corpus: local text, source-code, JSONL and Parquet files as a corpus of {"text", "source"}.
+"""text_corpus: text, source-code, JSONL and Parquet files as a corpus of {"text", "source"}.
 
 A `.jsonl` file (also `.jsonl.gz`, `.jsonl.zst`) gives one example per line (its
-`text_field`), a `.parquet` file one per row (its `text_field` column); any other file (.txt,
-.py, .md, ...) is one example. Files are split train/validation by a stable hash of their path
-relative to the common root of the patterns, so a file's split survives moving the tree.
+`text_field`, `a.b` for a nested one), a `.parquet` file one per row (its `text_field`
+column, `a.b` for a struct's field); any other file (.txt, .py, .md, ...; also .txt.gz,
+.txt.zst, decompressed) is one example. Files may be local or in a bucket (gs://, s3://).
+Files are split train/validation by a stable hash of their path relative to the common
+root of the patterns, so a file's split survives moving the tree (or a copy to a bucket).
 Blank texts are skipped and counted; the counts go to the log and to the build's
-metadata.json (per split: files, examples, empty, undecodable).
+metadata.json (per split: files, examples, empty, undecodable; a Beam build counts them as
+Beam metrics instead).
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ from typing import ClassVar
 import tensorflow_datasets as tfds
 
 from cardjax.data.builders.common import LOG, PathsConfig, in_validation, nonempty_splits
-from cardjax.data.builders.corpus_formats import (is_jsonl, is_parquet, jsonl_lines,
-                                                  parquet_values)
-from cardjax.data.files import common_root, glob_files, open_binary, relative
+from cardjax.data.builders.corpus_formats import (file_bytes, is_jsonl, is_parquet,
+                                                  jsonl_lines, parquet_values)
+from cardjax.data.files import common_root, glob_files, relative
 from cardjax.errors import CardjaxError
 
 DECODE_MODES = ("error", "replace", "skip")
@@ -33,7 +36,9 @@ _MAGIC = re.compile(r"[*?[]")
 @dataclasses.dataclass(eq=False)
 class TextCorpusConfig(PathsConfig):
   BUILDER: ClassVar[str] = "text_corpus"
-  text_field: str = "text"  # the field of a .jsonl record that holds the text
+  # The field of a .jsonl record / column of a .parquet file that holds the text; a.b is
+  # field b of object (struct) a.
+  text_field: str = "text"
   on_decode_error: str = "error"  # error | replace (U+FFFD) | skip (drop the file / line)
 
   def validate(self) -> None:
@@ -101,6 +106,20 @@ def parse_json_line(line: str, path: str, lineno: int):
     raise CardjaxError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
 
 
+def json_field(record, name: str):
+  """record[name], else the dotted path into nested objects ("meta.text"); None if absent."""
+  if not isinstance(record, dict):
+    return None
+  if name in record:
+    return record[name]
+  value = record
+  for part in name.split("."):
+    if not isinstance(value, dict) or part not in value:
+      return None
+    value = value[part]
+  return value
+
+
 def _jsonl_examples(path, rel, text_field, mode, stats):
   """Lines of a .jsonl (.gz, .zst) file; byte offsets of bad UTF-8 are in the decompressed
   text."""
@@ -116,7 +135,7 @@ def _jsonl_examples(path, rel, text_field, mode, stats):
       continue  # blank lines are not records
     records += 1
     record = parse_json_line(line.removeprefix("\ufeff"), path, lineno)
-    text = record.get(text_field) if isinstance(record, dict) else None
+    text = json_field(record, text_field)
     if not isinstance(text, str):
       keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
       raise CardjaxError(
@@ -160,8 +179,7 @@ def file_examples(path: str, rel: str, text_field: str, on_decode_error: str, st
   if is_parquet(path):
     yield from _parquet_examples(path, rel, text_field, on_decode_error, stats)
     return
-  with open_binary(path) as f:
-    text = _decode(f.read(), on_decode_error, path)
+  text = _decode(file_bytes(path), on_decode_error, path)
   if text is None:
     stats["undecodable"] += 1
   elif not text.strip():
@@ -206,12 +224,15 @@ class FileCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   # metadata.json entries.
   use_beam = False
 
-  # 1.2.0: a build of 1.1.0 read a .parquet or .jsonl.gz file as one raw text; the new
-  # version makes such a build be made again rather than reused.
-  VERSION = tfds.core.Version("1.2.0")
+  # 1.2.0: a build of 1.1.0 read a .parquet or .jsonl.gz file as one raw text; 1.3.0: one
+  # of 1.2.0 read a .txt.gz file raw (or skipped it). A new version makes such a build be
+  # made again rather than reused.
+  VERSION = tfds.core.Version("1.3.0")
   RELEASE_NOTES = {"1.0.0": "First version.",
                    "1.1.0": "Example keys from relative paths: the same order in any folder.",
-                   "1.2.0": "Reads .parquet, .jsonl.gz and .jsonl.zst files record by record."}
+                   "1.2.0": "Reads .parquet, .jsonl.gz and .jsonl.zst files record by record.",
+                   "1.3.0": "Decompresses one-text .gz / .zst files (.txt.gz); nested fields "
+                            "(text_field a.b); corpus files in buckets."}
   TEXT_FIELD = "text"
 
   def _info(self) -> tfds.core.DatasetInfo:
