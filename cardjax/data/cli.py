@@ -26,8 +26,8 @@ def add_arguments(p) -> None:
                      help="build on Apache Beam with this runner: DirectRunner, "
                           "DataflowRunner, FlinkRunner, SparkRunner (text_corpus, sft_jsonl)")
       q.add_argument("--beam-options", default="",
-                     help="the runner's flags as one string, e.g. '--direct_num_workers=2 "
-                          "--direct_running_mode=multi_processing'")
+                     help="the runner's pipeline options as one quoted string (docs/data.md "
+                          "has them for DirectRunner, Dataflow, Flink and Spark)")
     if action == "show":
       q.add_argument("--n", type=int, default=3, help="rows to print")
       q.add_argument("--split", default="", help="split (default data.split)")
