@@ -33,3 +33,10 @@ def test_beam_needs_a_builder_with_a_beam_build(tmp_path):
   with pytest.raises(ConfigError, match=r"dataset arith_sft has no Beam build \(datasets "
                                         r"with one: text_corpus.*drop --beam-runner"):
     builders.build("arith_sft", tmp_path, beam_runner="DirectRunner")
+
+
+def test_distributed_runner_cannot_write_a_bucket_data_dir(tmp_path):
+  with pytest.raises(ConfigError, match=r"--beam-runner DataflowRunner with data_dir "
+                                        r"gs://b/tfds: .*ArrayRecord writes only local files"):
+    builders.build("text_corpus", "gs://b/tfds", beam_runner="DataflowRunner",
+                   paths=str(tmp_path / "*.txt"))

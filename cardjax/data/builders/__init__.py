@@ -9,7 +9,7 @@ in DATA_DIR/NAME/CONFIG/VERSION, CONFIG being a readable prefix plus a hash of t
 load_source never builds: an unbuilt dataset is an error that says how to build it.
 DATA_DIR may be a bucket (gs://, s3://): builds are written locally, then uploaded, and read
 from a local copy (cardjax/data/bucket_builds.py). `build(..., beam_runner=...)` runs the
-builder on Apache Beam (text_corpus, sft_jsonl), writing the same shards.
+builder on Apache Beam (text_corpus, python_stdlib), writing the same shards.
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ BUILDERS: dict[str, type[tfds.core.GeneratorBasedBuilder]] = {
     "sft_jsonl": SftJsonl,
     "arith_sft": ArithSft,
 }
+
+
+# Beam runners that run on this machine, so their workers see its local staging folder.
+LOCAL_RUNNERS = ("DirectRunner", "PrismRunner")
 
 
 def make_config(name: str, **options) -> OptionsConfig:
@@ -76,6 +80,13 @@ def build(name: str, data_dir: str | os.PathLike, *, beam_runner: str | None = N
   `beam_runner` (e.g. "DirectRunner", "DataflowRunner") runs the build on Apache Beam with
   `beam_options` (its command-line flags as one string)."""
   root = _abs(data_dir)
+  if beam_runner and is_remote(root) and beam_runner not in LOCAL_RUNNERS:
+    raise ConfigError(
+        f"--beam-runner {beam_runner} with data_dir {root}: a distributed runner's workers "
+        "write the shards, and ArrayRecord writes only local files, so they cannot write to "
+        "a bucket or to this machine's staging folder; give --data-dir a folder that this "
+        "machine and every worker mount at the same path (NFS, gcsfuse, mountpoint-s3), or "
+        f"use {' / '.join(LOCAL_RUNNERS)}")
   builder = make_builder(name, root, **options)
   if is_remote(root):
     folder = location(builder, root)
