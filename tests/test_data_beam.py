@@ -25,6 +25,8 @@ def test_beam_build_equals_single_process_build(tmp_path):
   assert set(beam.info.splits) == set(single.info.splits) == {"train", "validation"}
   expected = all_records(tmp_path / "single", **options)
   assert all_records(tmp_path / "beam", **options) == expected
+  # The workers' counts are stored as the single-process build stores its own.
+  assert dict(beam.info.metadata) == dict(single.info.metadata)
   assert sum(map(len, expected.values())) > 100
   assert list((tmp_path / "beam").rglob("*.array_record-*"))  # the same file format
 
@@ -40,3 +42,21 @@ def test_distributed_runner_cannot_write_a_bucket_data_dir(tmp_path):
                                         r"gs://b/tfds: .*ArrayRecord writes only local files"):
     builders.build("text_corpus", "gs://b/tfds", beam_runner="DataflowRunner",
                    paths=str(tmp_path / "*.txt"))
+
+
+def test_beam_build_from_and_into_a_bucket(tmp_path, monkeypatch):
+  from cloud_emulators import emulated
+  from test_data_buckets import upload_folder
+
+  monkeypatch.setenv("CARDJAX_CACHE", str(tmp_path / "cache"))
+  corpus = mixed_corpus(tmp_path / "corpus")
+  local = {"paths": f"{corpus}/**/*.*", "validation_percent": 30}
+  builders.build("text_corpus", tmp_path / "single", **local)
+  expected = all_records(tmp_path / "single", **local)
+  with emulated("gs") as (_, root):  # the workers inherit the emulator's variables
+    upload_folder(corpus, f"{root}/corpus")
+    remote = {"paths": f"{root}/corpus/**/*.*", "validation_percent": 30}
+    builders.build("text_corpus", f"{root}/tfds", beam_runner="DirectRunner",
+                   beam_options=BEAM, **remote)
+    monkeypatch.setenv("CARDJAX_CACHE", str(tmp_path / "cache2"))  # read the bucket's copy
+    assert all_records(f"{root}/tfds", **remote) == expected

@@ -67,6 +67,10 @@ def test_gs_corpus_into_gs_data_dir_builds_the_local_records(tmp_path, cache):
     os.environ["CARDJAX_CACHE"] = str(tmp_path / "cache2")
     assert all_records(data_dir, paths=paths, **options) == expected
     assert any((tmp_path / "cache2").rglob("dataset_info.json"))
+    # A damaged copy (here a truncated shard) is noticed by its size and downloaded again.
+    shard = next((tmp_path / "cache2").rglob("*train.array_record-*"))
+    shard.write_bytes(shard.read_bytes()[:-10])
+    assert all_records(data_dir, paths=paths, **options) == expected
     # A build whose upload did not finish (no dataset_info.json) is not a build.
     fsspec.filesystem("gs").rm(f"{folder}/dataset_info.json")
     with pytest.raises(CardjaxError, match=r"is not built in gs://cardjax-test/tfds; run "

@@ -7,8 +7,8 @@ column, `a.b` for a struct's field); any other file (.txt, .py, .md, ...; also .
 Files are split train/validation by a stable hash of their path relative to the common
 root of the patterns, so a file's split survives moving the tree (or a copy to a bucket).
 Blank texts are skipped and counted; the counts go to the log and to the build's
-metadata.json (per split: files, examples, empty, undecodable; a Beam build counts them as
-Beam metrics instead).
+metadata.json (per split: files, examples, empty, undecodable; a Beam build gathers them as
+Beam counters, and checks its stored examples against them).
 """
 
 from __future__ import annotations
@@ -189,17 +189,35 @@ def file_examples(path: str, rel: str, text_field: str, on_decode_error: str, st
     yield rel, {"text": text.removeprefix("\ufeff"), "source": rel}
 
 
-def _beam_file_examples(path_rel, text_field: str, on_decode_error: str):
+# Beam counters of a split's counts: namespace BEAM_COUNTERS/SPLIT, names as in metadata.json.
+BEAM_COUNTERS = "cardjax.text_corpus"
+
+
+def _beam_file_examples(path_rel, split: str, text_field: str, on_decode_error: str):
   """file_examples of one file on a Beam worker; its counts go to Beam's metrics."""
   from apache_beam.metrics import Metrics
 
   stats = collections.Counter()
   yield from file_examples(*path_rel, text_field, on_decode_error, stats)
   for name, value in stats.items():
-    Metrics.counter("text_corpus", name).inc(value)
+    Metrics.counter(f"{BEAM_COUNTERS}/{split}", name).inc(value)
 
 
-def beam_examples(files, text_field: str, on_decode_error: str):
+def beam_counts(pipeline_result) -> dict[str, dict[str, int]]:
+  """{split: {files, examples, ...}} from the counters of a finished Beam build."""
+  from apache_beam.metrics.metric import MetricsFilter
+
+  found = collections.defaultdict(dict)
+  counters = pipeline_result.metrics().query(MetricsFilter())["counters"]
+  for counter in counters:
+    namespace = counter.key.metric.namespace
+    if namespace.startswith(BEAM_COUNTERS + "/"):
+      split = namespace.split("/", 1)[1]
+      found[split][counter.key.metric.name] = int(counter.committed or counter.attempted)
+  return dict(found)
+
+
+def beam_examples(files, split: str, text_field: str, on_decode_error: str):
   """A Beam PTransform (pipeline -> (key, example)) of `files`: one file a work item, so
   the workers share the files; tfds' Beam writer then orders the records by key exactly as
   its single-process writer does."""
@@ -210,7 +228,8 @@ def beam_examples(files, text_field: str, on_decode_error: str):
     return (pipeline
             | "Files" >> beam.Create(list(files))
             | "Spread" >> beam.Reshuffle()
-            | "Examples" >> beam.FlatMap(_beam_file_examples, text_field, on_decode_error))
+            | "Examples" >> beam.FlatMap(_beam_file_examples, split, text_field,
+                                         on_decode_error))
 
   return read_files()  # pylint: disable=no-value-for-parameter
 
@@ -219,9 +238,8 @@ class FileCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """Files -> {"text", "source"}; subclasses say which files (`_files`) and from where."""
 
   SUPPORTS_BEAM = True
-  # Set by builders.build for a Beam build: the splits are then Beam PTransforms, and the
-  # per-split counts are Beam metrics (counters text_corpus/files, examples, ...), not
-  # metadata.json entries.
+  # Set by builders.build for a Beam build: the splits are then Beam PTransforms; the
+  # per-split counts are Beam counters, stored in metadata.json as a local build's are.
   use_beam = False
 
   # 1.2.0: a build of 1.1.0 read a .parquet or .jsonl.gz file as one raw text; 1.3.0: one
@@ -273,8 +291,27 @@ class FileCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     if self.use_beam:
       cfg = self.builder_config
       text_field = getattr(cfg, "text_field", self.TEXT_FIELD)
-      return {s: beam_examples(files[s], text_field, cfg.on_decode_error) for s in splits}
+      return {s: beam_examples(files[s], s, text_field, cfg.on_decode_error) for s in splits}
     return {s: self._generate_examples(files[s], s) for s in splits}
+
+  def _process_pipeline_result(self, pipeline_result) -> None:
+    # A Beam build's counts, as a single-process build stores them.
+    for split, counts in beam_counts(pipeline_result).items():
+      self.info.metadata[split] = counts
+
+  def _download_and_prepare(self, dl_manager, download_config) -> None:
+    super()._download_and_prepare(dl_manager, download_config)
+    if not self.use_beam:
+      return
+    # Every example read must be stored: checked against the workers' own counts, so a
+    # runner that lost work fails the build instead of leaving a short corpus.
+    for split, info in self.info.splits.items():
+      read = self.info.metadata.get(split, {}).get("examples")
+      if read != info.num_examples:
+        raise CardjaxError(
+            f"dataset {self.name}: the Beam build stored {info.num_examples} examples of "
+            f"split {split} but its workers read {read}; the runner lost or repeated work: "
+            "build again (the unfinished build is not used)")
 
   def _generate_examples(self, files, split):
     stats = collections.Counter()
