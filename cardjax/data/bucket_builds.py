@@ -112,6 +112,8 @@ def fetch(folder: str, local_build: str) -> None:
     if not _matches(tmp, sizes):
       raise CardjaxError(f"{folder}: the downloaded files differ in size from the bucket's "
                          "(the build changed while downloading?); run again")
+    if os.path.isdir(local_build) and _matches(local_build, sizes):
+      return  # another process on this machine finished the same copy meanwhile
     if os.path.isdir(local_build):  # a stale or partial copy: moved aside, then removed
       stale = tempfile.mkdtemp(prefix=".stale-", dir=parent)
       os.rename(local_build, os.path.join(stale, "old"))

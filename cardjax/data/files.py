@@ -70,6 +70,12 @@ _CREDENTIALS = {
 }
 
 
+# Words of the clients' errors for a refused or unsigned request (S3 error codes, botocore's
+# and google-auth's exception names).
+_DENIED = ("Credentials", "credentials", "AccessDenied", "Access Denied", "Forbidden",
+           "Unauthorized", "InvalidAccessKeyId", "SignatureDoesNotMatch")
+
+
 @contextlib.contextmanager
 def storage_errors(path: str, action: str = "read") -> Iterator[None]:
   """Turn a bucket client's failure on `path` into one CardjaxError with the fix."""
@@ -83,13 +89,13 @@ def storage_errors(path: str, action: str = "read") -> Iterator[None]:
     raise
   except Exception as e:  # the clients raise many types; name what it means where we can
     text = f"{type(e).__name__}: {e}"
-    lowered = text.lower()
-    if any(w in lowered for w in ("credential", "unauthorized", "401", "403", "forbidden",
-                                  "access denied", "accessdenied", "permission")):
+    code = getattr(e, "code", None)  # gcsfs' HttpError carries the HTTP status
+    if (isinstance(e, PermissionError) or code in (401, 403)
+        or any(w in text for w in _DENIED)):
       raise CardjaxError(
           f"{path}: cannot {action} it, access denied or no credentials ({text[:300]}); "
           f"{_CREDENTIALS[kind]}, with access to the bucket") from None
-    if isinstance(e, FileNotFoundError) or "nosuchbucket" in lowered or "404" in lowered:
+    if isinstance(e, FileNotFoundError) or code == 404 or "NoSuchBucket" in text:
       raise CardjaxError(f"{path}: not found ({text[:300]}); check the bucket and the "
                          "path") from None
     raise CardjaxError(f"{path}: cannot {action} it ({text[:300]})") from e
