@@ -60,3 +60,25 @@ def test_beam_build_from_and_into_a_bucket(tmp_path, monkeypatch):
                    beam_options=BEAM, **remote)
     monkeypatch.setenv("CARDJAX_CACHE", str(tmp_path / "cache2"))  # read the bucket's copy
     assert all_records(f"{root}/tfds", **remote) == expected
+
+
+def test_beam_build_that_lost_records_fails(tmp_path, monkeypatch):
+  from cardjax.data.builders import text_corpus
+  from cardjax.errors import CardjaxError
+
+  counts = text_corpus.beam_counts
+
+  def one_more_read(result):  # as if a worker's output had been dropped
+    found = counts(result)
+    found["train"]["examples"] += 1
+    return found
+
+  monkeypatch.setattr(text_corpus, "beam_counts", one_more_read)
+  corpus = mixed_corpus(tmp_path / "corpus")
+  options = {"paths": f"{corpus}/**/*.*", "validation_percent": 0}
+  with pytest.raises(CardjaxError, match=r"the Beam build stored (\d+) examples of split "
+                                         r"train but its workers read (\d+); .*build again"):
+    builders.build("text_corpus", tmp_path / "tfds", beam_runner="DirectRunner",
+                   beam_options="--direct_running_mode=in_memory", **options)
+  with pytest.raises(CardjaxError, match="is not built"):  # nothing half-made is used
+    builders.load_source("text_corpus", "train", tmp_path / "tfds", **options)
