@@ -82,3 +82,21 @@ def test_beam_build_that_lost_records_fails(tmp_path, monkeypatch):
                    beam_options="--direct_running_mode=in_memory", **options)
   with pytest.raises(CardjaxError, match="is not built"):  # nothing half-made is used
     builders.load_source("text_corpus", "train", tmp_path / "tfds", **options)
+
+
+def test_sft_jsonl_beam_build_equals_single_process_build(tmp_path):
+  import json
+
+  (tmp_path / "sft").mkdir()
+  for f in range(4):
+    lines = [{"prompt": f"q{f}.{i}", "response": f"a{f}.{i}", "answer": i} for i in range(15)]
+    (tmp_path / "sft" / f"{f}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+  options = {"paths": str(tmp_path / "sft" / "*.jsonl"), "validation_percent": 25}
+  builders.build("sft_jsonl", tmp_path / "single", **options)
+  builders.build("sft_jsonl", tmp_path / "beam", beam_runner="DirectRunner", beam_options=BEAM,
+                 **options)
+  for split in ("train", "validation"):
+    single = builders.load_source("sft_jsonl", split, tmp_path / "single", **options)
+    beam = builders.load_source("sft_jsonl", split, tmp_path / "beam", **options)
+    assert len(single) == len(beam) > 0
+    assert [beam[i] for i in range(len(beam))] == [single[i] for i in range(len(single))]

@@ -24,7 +24,7 @@ def add_arguments(p) -> None:
     if action == "build":
       q.add_argument("--beam-runner", default="",
                      help="build on Apache Beam with this runner: DirectRunner, "
-                          "DataflowRunner, FlinkRunner, SparkRunner (text_corpus, python_stdlib)")
+                          "DataflowRunner, FlinkRunner, SparkRunner (not arith_sft)")
       q.add_argument("--beam-options", default="",
                      help="the runner's pipeline options as one quoted string (docs/data.md "
                           "has them for DirectRunner, Dataflow, Flink and Spark)")

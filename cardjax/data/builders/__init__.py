@@ -9,7 +9,7 @@ in DATA_DIR/NAME/CONFIG/VERSION, CONFIG being a readable prefix plus a hash of t
 load_source never builds: an unbuilt dataset is an error that says how to build it.
 DATA_DIR may be a bucket (gs://, s3://): builds are written locally, then uploaded, and read
 from a local copy (cardjax/data/bucket_builds.py). `build(..., beam_runner=...)` runs the
-builder on Apache Beam (text_corpus, python_stdlib), writing the same shards.
+builder on Apache Beam (all but arith_sft), writing the same shards.
 """
 
 from __future__ import annotations
