@@ -129,3 +129,35 @@ def test_parquet_bad_utf8_follows_on_decode_error(tmp_path):
   records, counts = built_train(tmp_path / "tfds", str(path), on_decode_error="skip")
   assert records == [{"text": "a", "source": "enc.parquet:1"}]
   assert counts == {"files": 1, "examples": 1, "undecodable": 1, "empty": 1}  # null: empty
+
+
+def test_compressed_text_files_are_one_text_each(tmp_path):
+  (tmp_path / "c").mkdir()
+  for i, text in enumerate(KEPT[:5]):
+    data = text.encode("utf-8")
+    packed = gzip.compress(data) if i % 2 else zstandard.ZstdCompressor().compress(data)
+    (tmp_path / "c" / f"{i:02d}.txt{'.gz' if i % 2 else '.zst'}").write_bytes(packed)
+  records, counts = built_train(tmp_path / "tfds", str(tmp_path / "c" / "*"))
+  assert [r["text"] for r in in_file_order(records)] == KEPT[:5]
+  assert counts == {"files": 5, "examples": 5}
+  (tmp_path / "c" / "00.txt.zst").write_bytes(b"not zstd")
+  with pytest.raises(CardjaxError, match=r"00\.txt\.zst: cannot decompress it as zstd"):
+    build("text_corpus", tmp_path / "tfds2", paths=str(tmp_path / "c" / "*"))
+
+
+def test_nested_text_field_in_parquet_and_jsonl(tmp_path):
+  texts = ["a", None, "b"]
+  pq.write_table(pa.table({"id": [1, 2, 3],
+                           "meta": [{"lang": "en", "text": t} for t in texts]}),
+                 tmp_path / "n.parquet")
+  (tmp_path / "n.jsonl").write_text(
+      "".join(json.dumps({"meta": {"text": t or ""}}) + "\n" for t in texts))
+  for name in ("n.parquet", "n.jsonl"):
+    records, counts = built_train(tmp_path / "tfds", str(tmp_path / name),
+                                  text_field="meta.text")
+    assert [r["text"] for r in in_file_order(records)] == ["a", "b"], name
+    assert counts == {"files": 1, "examples": 2, "empty": 1}, name
+  with pytest.raises(CardjaxError, match=r"n\.parquet: no column 'meta\.body' \(has: id, "
+                                         r"meta\.lang, meta\.text\)"):
+    build("text_corpus", tmp_path / "tfds", paths=str(tmp_path / "n.parquet"),
+          text_field="meta.body")

@@ -21,6 +21,13 @@ def add_arguments(p) -> None:
     q.add_argument("--data-dir", default="", help="default $CARDJAX_DATA_DIR or "
                                                   "~/tensorflow_datasets")
     q.add_argument("--tokenizer-vocab", type=int, default=0, help="ids of the trained BPE")
+    if action == "build":
+      q.add_argument("--beam-runner", default="",
+                     help="build on Apache Beam with this runner: DirectRunner, "
+                          "DataflowRunner, FlinkRunner, SparkRunner (not arith_sft)")
+      q.add_argument("--beam-options", default="",
+                     help="the runner's pipeline options as one quoted string (docs/data.md "
+                          "has them for DirectRunner, Dataflow, Flink and Spark)")
     if action == "show":
       q.add_argument("--n", type=int, default=3, help="rows to print")
       q.add_argument("--split", default="", help="split (default data.split)")
@@ -45,12 +52,17 @@ def _config(args):
 
 
 def build(args) -> None:
+  from cardjax.data import builders
   from cardjax.data.prepare import data_dir, prepare
 
   config = _config(args)
-  builder, tokenizer = prepare(config)
+  if args.beam_options and not args.beam_runner:
+    from cardjax.errors import ConfigError
+    raise ConfigError("--beam-options needs --beam-runner (e.g. --beam-runner DirectRunner)")
+  builder, tokenizer = prepare(config, beam_runner=args.beam_runner or None,
+                               beam_options=args.beam_options)
   splits = {k: v.num_examples for k, v in builder.info.splits.items()}
-  print(f"{args.name}: {splits} in {builder.data_dir}")
+  print(f"{args.name}: {splits} in {builders.location(builder, data_dir(config))}")
   print(f"tokenizer: {tokenizer.vocab_size} ids, [MASK]={tokenizer.mask_id}, "
         f"EOS={tokenizer.eos_id} ({tokenizer.source or data_dir(config)})")
 

@@ -3,7 +3,8 @@ tokenizer, and the pipeline spec.
 
 `prepare(config)` builds (once) the tfds dataset and, unless `data.tokenizer` names a HF
 folder, a byte-level BPE trained on the train split. Runs only read what is built: a
-missing build is an error that prints the `cardjax data build` command.
+missing build is an error that prints the `cardjax data build` command. data.data_dir and
+data.tokenizer may be bucket URIs (gs://, s3://); their paths are then etils.epath paths.
 """
 
 from __future__ import annotations
@@ -17,16 +18,22 @@ from cardjax.data import builders
 from cardjax.data.pipeline import DataLoader, PipelineSpec
 from cardjax.data.tokenizer import Tokenizer, load_tokenizer, train_bpe
 from cardjax.errors import CardjaxError
+from cardjax.storage import as_path, is_remote, resolve
 
 log = logging.getLogger("cardjax.data")
 SFT_DATASETS = ("sft_jsonl", "arith_sft")
 TOKENIZER_TRAIN_CHARS = 20_000_000  # enough text for a small BPE, seconds to train
 
 
-def data_dir(config) -> Path:
+def _path(value):
+  """A local folder as an absolute pathlib.Path, a bucket URI as an etils.epath.Path."""
+  return as_path(value) if is_remote(value) else Path(resolve(value))
+
+
+def data_dir(config):
   """data.data_dir, else $CARDJAX_DATA_DIR, else ~/tensorflow_datasets (tfds' default)."""
   value = config.data.data_dir or os.environ.get("CARDJAX_DATA_DIR") or "~/tensorflow_datasets"
-  return Path(value).expanduser().absolute()
+  return _path(value)
 
 
 def builder_options(config) -> dict:
@@ -35,7 +42,7 @@ def builder_options(config) -> dict:
       else dict(config.data.options)
 
 
-def tokenizer_dir(config) -> Path:
+def tokenizer_dir(config):
   """Where the dataset's own BPE lives: one per (dataset build, vocab size)."""
   builder = builders.make_builder(config.data.dataset, data_dir(config), **builder_options(config))
   name = f"{config.data.dataset}-{builder.builder_config.name}-bpe{config.data.tokenizer_vocab}"
@@ -56,10 +63,13 @@ def _training_texts(source, limit_chars: int):
       return
 
 
-def prepare(config) -> tuple[object, Tokenizer]:
-  """Build the dataset and its tokenizer when missing; return (builder, tokenizer)."""
+def prepare(config, beam_runner: str | None = None,
+            beam_options: str = "") -> tuple[object, Tokenizer]:
+  """Build the dataset (on Apache Beam when `beam_runner` is given) and its tokenizer when
+  missing; return (builder, tokenizer)."""
   root = data_dir(config)
-  builder = builders.build(config.data.dataset, root, **builder_options(config))
+  builder = builders.build(config.data.dataset, root, beam_runner=beam_runner,
+                           beam_options=beam_options, **builder_options(config))
   if config.data.tokenizer:
     return builder, load_tokenizer(config.data.tokenizer)
   target = tokenizer_dir(config)
@@ -73,9 +83,10 @@ def prepare(config) -> tuple[object, Tokenizer]:
   return builder, tokenizer
 
 
-def tokenizer_source(config) -> Path:
-  """The folder of the run's tokenizer: data.tokenizer, else the dataset's own BPE."""
-  return Path(config.data.tokenizer) if config.data.tokenizer else tokenizer_dir(config)
+def tokenizer_source(config):
+  """The folder of the run's tokenizer: data.tokenizer, else the dataset's own BPE (an
+  etils.epath.Path when it is in a bucket)."""
+  return _path(config.data.tokenizer) if config.data.tokenizer else tokenizer_dir(config)
 
 
 def load_data_tokenizer(config) -> Tokenizer:

@@ -5,7 +5,8 @@ that matter here (special tokens and the jinja chat template). A trained tokeniz
 as a HF folder, so transformers' AutoTokenizer loads it too. Every tokenizer has a [MASK]
 token: the one tokenizer_config.json names as `mask_token`, else `<|mask|>` (added as the next
 id when absent: for Qwen2.5 that is 151665, the first padded embedding row), and it must
-equal the config's `model.mask_token_id`.
+equal the config's `model.mask_token_id`. A tokenizer folder may be a bucket URI (gs://,
+s3://): it is read and written through etils.epath.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from cardjax.data.files import check_reachable, storage_errors
 from cardjax.errors import CardjaxError
+from cardjax.storage import as_path, is_remote
 
 MASK = "<|mask|>"
 EOS = "<|endoftext|>"
@@ -133,10 +136,19 @@ class Tokenizer:
     return np.asarray(ids, np.int32), np.asarray(mask, np.int32)
 
   def save(self, directory: str | Path) -> Path:
+    config_text = json.dumps(self.config, indent=2) + "\n"
+    if is_remote(directory):
+      check_reachable(str(directory))
+      remote = as_path(directory)
+      with storage_errors(str(remote), "write"):
+        remote.mkdir(parents=True, exist_ok=True)
+        (remote / "tokenizer.json").write_text(self.tok.to_str(pretty=True))
+        (remote / "tokenizer_config.json").write_text(config_text)
+      return remote
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     self.tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps(self.config, indent=2) + "\n")
+    (directory / "tokenizer_config.json").write_text(config_text)
     return directory
 
 
@@ -144,15 +156,19 @@ def load_tokenizer(directory: str | Path, mask_token_id: int | None = None) -> T
   """A HF tokenizer folder (tokenizer.json, optional tokenizer_config.json)."""
   from tokenizers import Tokenizer as HFTokenizer
 
-  directory = Path(directory)
+  if is_remote(directory):
+    check_reachable(str(directory))
+  directory = as_path(directory) if is_remote(directory) else Path(directory)
   path = directory / "tokenizer.json"
-  if not path.is_file():
-    raise CardjaxError(f"{path} is missing; point data.tokenizer at a folder with "
-                       "tokenizer.json (a HF model folder), or leave it empty to use the "
-                       "dataset's own trained tokenizer")
-  config_path = directory / "tokenizer_config.json"
-  config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-  return Tokenizer(HFTokenizer.from_file(str(path)), config, str(directory), mask_token_id)
+  with storage_errors(str(directory)):
+    if not path.is_file():
+      raise CardjaxError(f"{path} is missing; point data.tokenizer at a folder with "
+                         "tokenizer.json (a HF model folder), or leave it empty to use the "
+                         "dataset's own trained tokenizer")
+    config_path = directory / "tokenizer_config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    tok = HFTokenizer.from_str(path.read_text())
+  return Tokenizer(tok, config, str(directory), mask_token_id)
 
 
 # Qwen2's pre-tokenization split (its published tokenizer.json): contractions, letter runs

@@ -7,6 +7,9 @@
 Options are the fields of each builder's config (`BUILDERS[name].CONFIG_CLS`); a build lives
 in DATA_DIR/NAME/CONFIG/VERSION, CONFIG being a readable prefix plus a hash of the options.
 load_source never builds: an unbuilt dataset is an error that says how to build it.
+DATA_DIR may be a bucket (gs://, s3://): builds are written locally, then uploaded, and read
+from a local copy (cardjax/data/bucket_builds.py). `build(..., beam_runner=...)` runs the
+builder on Apache Beam (all but arith_sft), writing the same shards.
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ from collections.abc import Mapping
 
 import tensorflow_datasets as tfds
 
+from cardjax.data import bucket_builds
 from cardjax.data.builders.arith_sft import ArithSft
 from cardjax.data.builders.common import OptionsConfig, coerce_option
 from cardjax.data.builders.python_stdlib import PythonStdlib
 from cardjax.data.builders.sft_jsonl import SftJsonl
 from cardjax.data.builders.text_corpus import TextCorpus
 from cardjax.errors import CardjaxError, ConfigError
+from cardjax.storage import is_remote, resolve
 
 BUILDERS: dict[str, type[tfds.core.GeneratorBasedBuilder]] = {
     "text_corpus": TextCorpus,
@@ -32,6 +37,10 @@ BUILDERS: dict[str, type[tfds.core.GeneratorBasedBuilder]] = {
     "sft_jsonl": SftJsonl,
     "arith_sft": ArithSft,
 }
+
+
+# Beam runners that run on this machine, so their workers see its local staging folder.
+LOCAL_RUNNERS = ("DirectRunner", "PrismRunner")
 
 
 def make_config(name: str, **options) -> OptionsConfig:
@@ -48,16 +57,65 @@ def make_config(name: str, **options) -> OptionsConfig:
 
 
 def make_builder(name: str, data_dir: str | os.PathLike, **options) -> tfds.core.DatasetBuilder:
-  """The builder of dataset `name` with these options under `data_dir` (nothing is built)."""
+  """The builder of dataset `name` with these options under `data_dir` (nothing is built).
+
+  For a bucket data_dir the builder works in the local copy (bucket_builds.local_dir)."""
   config = make_config(name, **options)
-  return BUILDERS[name](data_dir=_abs(data_dir), file_format="array_record", config=config)
+  local = bucket_builds.local_dir(_abs(data_dir))
+  return BUILDERS[name](data_dir=local, file_format="array_record", config=config)
 
 
-def build(name: str, data_dir: str | os.PathLike, **options) -> tfds.core.DatasetBuilder:
-  """Build (download_and_prepare) the dataset unless already built; returns the builder."""
-  builder = make_builder(name, data_dir, **options)
-  builder.download_and_prepare()
+def location(builder: tfds.core.DatasetBuilder, data_dir: str | os.PathLike) -> str:
+  """Where the build lives: its folder, or for a bucket data_dir the bucket folder."""
+  root = _abs(data_dir)
+  if not is_remote(root):
+    return os.fspath(builder.data_dir)
+  return bucket_builds.remote_folder(root, os.fspath(builder.data_dir))
+
+
+def build(name: str, data_dir: str | os.PathLike, *, beam_runner: str | None = None,
+          beam_options: str = "", **options) -> tfds.core.DatasetBuilder:
+  """Build (download_and_prepare) the dataset unless already built; returns the builder.
+
+  `beam_runner` (e.g. "DirectRunner", "DataflowRunner") runs the build on Apache Beam with
+  `beam_options` (its command-line flags as one string)."""
+  root = _abs(data_dir)
+  if beam_runner and is_remote(root) and beam_runner not in LOCAL_RUNNERS:
+    raise ConfigError(
+        f"--beam-runner {beam_runner} with data_dir {root}: a distributed runner's workers "
+        "write the shards, and ArrayRecord writes only local files, so they cannot write to "
+        "a bucket or to this machine's staging folder; give --data-dir a folder that this "
+        "machine and every worker mount at the same path (NFS, gcsfuse, mountpoint-s3), or "
+        f"use {' / '.join(LOCAL_RUNNERS)}")
+  builder = make_builder(name, root, **options)
+  if is_remote(root):
+    folder = location(builder, root)
+    if bucket_builds.is_uploaded(folder):  # built elsewhere: read from a local copy
+      bucket_builds.fetch(folder, os.fspath(builder.data_dir))
+      return make_builder(name, root, **options)  # a fresh builder reads the copied info
+  download_config = None
+  if beam_runner:
+    download_config = beam_download_config(builder, beam_runner, beam_options)
+  builder.download_and_prepare(download_config=download_config)
+  if is_remote(root):
+    bucket_builds.upload(os.fspath(builder.data_dir), location(builder, root))
   return builder
+
+
+def beam_download_config(builder, runner: str, options: str):
+  """tfds' DownloadConfig that runs `builder` on Beam's `runner` with these flags."""
+  if not getattr(builder, "SUPPORTS_BEAM", False):
+    beamable = ", ".join(n for n, b in BUILDERS.items() if getattr(b, "SUPPORTS_BEAM", False))
+    raise ConfigError(f"dataset {builder.name} has no Beam build (datasets with one: "
+                      f"{beamable}); drop --beam-runner")
+  try:
+    from apache_beam.options.pipeline_options import PipelineOptions
+  except ImportError:
+    raise CardjaxError("--beam-runner needs Apache Beam: pip install 'cardjax[beam]' "
+                       "(or apache-beam[gcp] for Dataflow)") from None
+  builder.use_beam = True
+  return tfds.download.DownloadConfig(beam_runner=runner,
+                                      beam_options=PipelineOptions(shlex.split(options)))
 
 
 def build_command(name: str, data_dir: str | os.PathLike, **options) -> str:
@@ -71,8 +129,16 @@ def build_command(name: str, data_dir: str | os.PathLike, **options) -> str:
 
 def load_source(name: str, split: str, data_dir: str | os.PathLike, **options):
   """The built split as a random-access source (len, [i]) for grain.MapDataset.source."""
-  builder = make_builder(name, data_dir, **options)
-  if not builder.is_prepared():  # also covers a data_dir that does not exist
+  root = _abs(data_dir)
+  builder = make_builder(name, root, **options)
+  if is_remote(root):
+    folder = location(builder, root)
+    if bucket_builds.is_uploaded(folder):
+      bucket_builds.fetch(folder, os.fspath(builder.data_dir))
+      builder = make_builder(name, root, **options)
+    else:
+      builder = None
+  if builder is None or not builder.is_prepared():  # also a data_dir that does not exist
     shown = ", ".join(f"{k}={v!r}" for k, v in options.items()) or "defaults"
     raise CardjaxError(
         f"dataset {name} (options {shown}) is not built in {_abs(data_dir)}; run "
@@ -95,8 +161,8 @@ def decode(example: Mapping) -> dict:
 
 
 def _abs(data_dir: str | os.PathLike) -> str:
-  return os.path.abspath(os.path.expanduser(os.fspath(data_dir)))
+  return resolve(data_dir)
 
 
-__all__ = ["BUILDERS", "build", "build_command", "decode", "load_source", "make_builder",
-           "make_config"]
+__all__ = ["BUILDERS", "build", "build_command", "decode", "load_source", "location",
+           "make_builder", "make_config"]

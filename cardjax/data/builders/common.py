@@ -13,6 +13,7 @@ from typing import ClassVar
 import tensorflow_datasets as tfds
 
 from cardjax.errors import ConfigError
+from cardjax.storage import resolve
 
 LOG = logging.getLogger("cardjax.data")
 
@@ -150,8 +151,9 @@ class PathsConfig(OptionsConfig):
     return f"files{len(self.paths)}_val{self.validation_percent}"
 
   def normalize(self) -> None:
-    # Absolute, so the same pattern run from another directory is another dataset.
-    self.paths = tuple(os.path.abspath(os.path.expanduser(p)) for p in self.paths)
+    # Absolute, so the same pattern run from another directory is another dataset; bucket
+    # URIs (gs://, s3://) are kept as they are.
+    self.paths = tuple(resolve(p) for p in self.paths)
 
   def validate(self) -> None:
     if not self.paths:

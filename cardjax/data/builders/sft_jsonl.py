@@ -1,4 +1,4 @@
-"""sft_jsonl: local JSONL conversations for supervised fine-tuning.
+"""sft_jsonl: JSONL conversations (local or in a bucket) for supervised fine-tuning.
 
 Each non-blank line is either
   {"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]} or
@@ -8,6 +8,8 @@ Features: {"messages": JSON text of the message list, "answer": text, "" if none
 
 validation_percent (default 0: train only) sends that share of lines to a "validation"
 split by a stable hash of the line's content, so duplicate lines never straddle splits.
+A Beam build (builders.build(..., beam_runner=...)) reads one file per work item and stores
+the same records.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import tensorflow_datasets as tfds
 from cardjax.data.builders.common import (LOG, ConversationBuilder, PathsConfig, in_validation,
                                           nonempty_splits)
 from cardjax.data.builders.text_corpus import match_files, parse_json_line
+from cardjax.data.files import open_binary
 from cardjax.errors import CardjaxError
 
 ROLES = ("system", "user", "assistant")
@@ -68,7 +71,7 @@ def to_messages(record, where: str) -> tuple[list[dict], str]:
 def _lines(files):
   """(path, relative path, line number, stripped line) of every non-blank line."""
   for path, rel in files:
-    with open(path, "rb") as f:
+    with open_binary(path) as f:
       for lineno, raw in enumerate(f, 1):
         try:
           line = raw.decode("utf-8").strip().removeprefix("\ufeff")
@@ -78,19 +81,53 @@ def _lines(files):
           yield path, rel, lineno, line
 
 
+def split_of(line: str, percent: int) -> str:
+  return "validation" if in_validation(line, percent) else "train"
+
+
+def conversations(files, split: str, percent: int):
+  """(key, example) of the lines of `files` that fall in `split`."""
+  for path, rel, lineno, line in _lines(files):
+    if split_of(line, percent) != split:
+      continue
+    messages, answer = to_messages(parse_json_line(line, path, lineno), f"{path}:{lineno}")
+    # Keyed by the relative path: the record order must not depend on where the files lie.
+    yield f"{rel}:{lineno}", {"messages": json.dumps(messages, ensure_ascii=False),
+                              "answer": answer}
+
+
+def _beam_file_conversations(path_rel, split: str, percent: int):
+  return conversations([tuple(path_rel)], split, percent)
+
+
+def beam_conversations(files, split: str, percent: int):
+  """A Beam PTransform of the conversations of `split`, one file a work item."""
+  import apache_beam as beam
+
+  @beam.ptransform_fn
+  def read_files(pipeline):
+    return (pipeline
+            | "Files" >> beam.Create(list(files))
+            | "Spread" >> beam.Reshuffle()
+            | "Conversations" >> beam.FlatMap(_beam_file_conversations, split, percent))
+
+  return read_files()  # pylint: disable=no-value-for-parameter
+
+
 class SftJsonl(ConversationBuilder):
-  """Local JSONL conversations ({"messages": JSON, "answer"})."""
+  """JSONL conversations ({"messages": JSON, "answer"}), local or in a bucket."""
+
+  SUPPORTS_BEAM = True
+  use_beam = False  # set by builders.build for a Beam build
 
   CONFIG_CLS = SftJsonlConfig
   VERSION = tfds.core.Version("1.1.0")
   RELEASE_NOTES = {"1.0.0": "First version.",
                    "1.1.0": "Example keys from relative paths: the same order in any folder."}
 
-  def _split_of(self, line: str) -> str:
-    return "validation" if in_validation(line, self.builder_config.validation_percent) else "train"
-
   def _split_lines(self, files, split):
-    return (item for item in _lines(files) if self._split_of(item[-1]) == split)
+    percent = self.builder_config.validation_percent
+    return (item for item in _lines(files) if split_of(item[-1], percent) == split)
 
   def _split_generators(self, dl_manager):
     del dl_manager
@@ -101,14 +138,13 @@ class SftJsonl(ConversationBuilder):
     if not splits:
       raise CardjaxError("dataset sft_jsonl: no lines in the files matching "
                          f"{', '.join(cfg.paths)}")
+    if self.use_beam:
+      return {s: beam_conversations(files, s, cfg.validation_percent) for s in splits}
     return {s: self._generate_examples(files, s) for s in splits}
 
   def _generate_examples(self, files, split):
     count = 0
-    for path, rel, lineno, line in self._split_lines(files, split):
-      messages, answer = to_messages(parse_json_line(line, path, lineno), f"{path}:{lineno}")
+    for key, example in conversations(files, split, self.builder_config.validation_percent):
       count += 1
-      # Keyed by the relative path: the record order must not depend on where the files lie.
-      yield f"{rel}:{lineno}", {"messages": json.dumps(messages, ensure_ascii=False),
-                                "answer": answer}
+      yield key, example
     LOG.info("sft_jsonl %s: %d conversations", split, count)

@@ -1,11 +1,14 @@
-"""text_corpus: local text, source-code, JSONL and Parquet files as a corpus of {"text", "source"}.
+"""text_corpus: text, source-code, JSONL and Parquet files as a corpus of {"text", "source"}.
 
 A `.jsonl` file (also `.jsonl.gz`, `.jsonl.zst`) gives one example per line (its
-`text_field`), a `.parquet` file one per row (its `text_field` column); any other file (.txt,
-.py, .md, ...) is one example. Files are split train/validation by a stable hash of their path
-relative to the common root of the patterns, so a file's split survives moving the tree.
+`text_field`, `a.b` for a nested one), a `.parquet` file one per row (its `text_field`
+column, `a.b` for a struct's field); any other file (.txt, .py, .md, ...; also .txt.gz,
+.txt.zst, decompressed) is one example. Files may be local or in a bucket (gs://, s3://).
+Files are split train/validation by a stable hash of their path relative to the common
+root of the patterns, so a file's split survives moving the tree (or a copy to a bucket).
 Blank texts are skipped and counted; the counts go to the log and to the build's
-metadata.json (per split: files, examples, empty, undecodable).
+metadata.json (per split: files, examples, empty, undecodable; a Beam build gathers them as
+Beam counters, and checks its stored examples against them).
 """
 
 from __future__ import annotations
@@ -13,18 +16,17 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import glob
 import json
 import os
 import re
-from pathlib import Path
 from typing import ClassVar
 
 import tensorflow_datasets as tfds
 
 from cardjax.data.builders.common import LOG, PathsConfig, in_validation, nonempty_splits
-from cardjax.data.builders.corpus_formats import (is_jsonl, is_parquet, jsonl_lines,
-                                                  parquet_values)
+from cardjax.data.builders.corpus_formats import (file_bytes, is_jsonl, is_parquet,
+                                                  jsonl_lines, parquet_values)
+from cardjax.data.files import common_root, glob_files, relative
 from cardjax.errors import CardjaxError
 
 DECODE_MODES = ("error", "replace", "skip")
@@ -34,7 +36,9 @@ _MAGIC = re.compile(r"[*?[]")
 @dataclasses.dataclass(eq=False)
 class TextCorpusConfig(PathsConfig):
   BUILDER: ClassVar[str] = "text_corpus"
-  text_field: str = "text"  # the field of a .jsonl record that holds the text
+  # The field of a .jsonl record / column of a .parquet file that holds the text; a.b is
+  # field b of object (struct) a.
+  text_field: str = "text"
   on_decode_error: str = "error"  # error | replace (U+FFFD) | skip (drop the file / line)
 
   def validate(self) -> None:
@@ -56,24 +60,27 @@ def _static_root(pattern: str) -> str:
 
 
 def match_files(patterns: tuple[str, ...]) -> list[tuple[str, str]]:
-  """Sorted (absolute path, path relative to the patterns' common root) of every match."""
+  """Sorted (absolute path or bucket URI, path relative to the patterns' common root) of
+  every match."""
+  # The common root keeps relative paths unique even across patterns (checked first: it
+  # refuses a mix of local and bucket paths before anything is listed).
+  root = common_root([_static_root(p) for p in patterns])
   found, missing = set(), []
   for pattern in patterns:
-    hits = [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
+    hits = glob_files(pattern)
     if not hits:
       missing.append(pattern)
-    found.update(os.path.abspath(p) for p in hits)
+    found.update(hits)
   if missing:
     raise CardjaxError(
         f"no file matches {', '.join(missing)} (of paths {', '.join(patterns)}); check the "
         "paths option (a directory needs a pattern such as DIR/**/*.txt)")
-  # The common root keeps relative paths unique even across patterns.
-  root = os.path.commonpath([_static_root(p) for p in patterns])
   # Keys and order come from the relative paths: tfds orders records by a hash of the example
   # key, so a key with the absolute path would order the same files differently in another
   # folder (and another host's mount would train on another order).
-  return sorted(((p, Path(os.path.relpath(p, root)).as_posix()) for p in found),
-                key=lambda pr: pr[1])
+  # Bucket keys are relative to the bucket's common root too: a corpus copied from disk to
+  # a bucket builds the same keys, so the same records in the same order.
+  return sorted(((p, relative(p, root)) for p in found), key=lambda pr: pr[1])
 
 
 def _decode(data: bytes, mode: str, path: str, base: int = 0, line: int = 0) -> str | None:
@@ -99,6 +106,20 @@ def parse_json_line(line: str, path: str, lineno: int):
     raise CardjaxError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
 
 
+def json_field(record, name: str):
+  """record[name], else the dotted path into nested objects ("meta.text"); None if absent."""
+  if not isinstance(record, dict):
+    return None
+  if name in record:
+    return record[name]
+  value = record
+  for part in name.split("."):
+    if not isinstance(value, dict) or part not in value:
+      return None
+    value = value[part]
+  return value
+
+
 def _jsonl_examples(path, rel, text_field, mode, stats):
   """Lines of a .jsonl (.gz, .zst) file; byte offsets of bad UTF-8 are in the decompressed
   text."""
@@ -114,7 +135,7 @@ def _jsonl_examples(path, rel, text_field, mode, stats):
       continue  # blank lines are not records
     records += 1
     record = parse_json_line(line.removeprefix("\ufeff"), path, lineno)
-    text = record.get(text_field) if isinstance(record, dict) else None
+    text = json_field(record, text_field)
     if not isinstance(text, str):
       keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
       raise CardjaxError(
@@ -158,8 +179,7 @@ def file_examples(path: str, rel: str, text_field: str, on_decode_error: str, st
   if is_parquet(path):
     yield from _parquet_examples(path, rel, text_field, on_decode_error, stats)
     return
-  with open(path, "rb") as f:
-    text = _decode(f.read(), on_decode_error, path)
+  text = _decode(file_bytes(path), on_decode_error, path)
   if text is None:
     stats["undecodable"] += 1
   elif not text.strip():
@@ -169,15 +189,68 @@ def file_examples(path: str, rel: str, text_field: str, on_decode_error: str, st
     yield rel, {"text": text.removeprefix("\ufeff"), "source": rel}
 
 
+# Beam counters of a split's counts: namespace BEAM_COUNTERS/SPLIT, names as in metadata.json.
+BEAM_COUNTERS = "cardjax.text_corpus"
+
+
+def _beam_file_examples(path_rel, split: str, text_field: str, on_decode_error: str):
+  """file_examples of one file on a Beam worker; its counts go to Beam's metrics."""
+  from apache_beam.metrics import Metrics
+
+  stats = collections.Counter()
+  yield from file_examples(*path_rel, text_field, on_decode_error, stats)
+  for name, value in stats.items():
+    Metrics.counter(f"{BEAM_COUNTERS}/{split}", name).inc(value)
+
+
+def beam_counts(pipeline_result) -> dict[str, dict[str, int]]:
+  """{split: {files, examples, ...}} from the counters of a finished Beam build."""
+  from apache_beam.metrics.metric import MetricsFilter
+
+  found = collections.defaultdict(dict)
+  counters = pipeline_result.metrics().query(MetricsFilter())["counters"]
+  for counter in counters:
+    namespace = counter.key.metric.namespace
+    if namespace.startswith(BEAM_COUNTERS + "/"):
+      split = namespace.split("/", 1)[1]
+      found[split][counter.key.metric.name] = int(counter.committed or counter.attempted)
+  return dict(found)
+
+
+def beam_examples(files, split: str, text_field: str, on_decode_error: str):
+  """A Beam PTransform (pipeline -> (key, example)) of `files`: one file a work item, so
+  the workers share the files; tfds' Beam writer then orders the records by key exactly as
+  its single-process writer does."""
+  import apache_beam as beam
+
+  @beam.ptransform_fn
+  def read_files(pipeline):
+    return (pipeline
+            | "Files" >> beam.Create(list(files))
+            | "Spread" >> beam.Reshuffle()
+            | "Examples" >> beam.FlatMap(_beam_file_examples, split, text_field,
+                                         on_decode_error))
+
+  return read_files()  # pylint: disable=no-value-for-parameter
+
+
 class FileCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """Files -> {"text", "source"}; subclasses say which files (`_files`) and from where."""
 
-  # 1.2.0: a build of 1.1.0 read a .parquet or .jsonl.gz file as one raw text; the new
-  # version makes such a build be made again rather than reused.
-  VERSION = tfds.core.Version("1.2.0")
+  SUPPORTS_BEAM = True
+  # Set by builders.build for a Beam build: the splits are then Beam PTransforms; the
+  # per-split counts are Beam counters, stored in metadata.json as a local build's are.
+  use_beam = False
+
+  # 1.2.0: a build of 1.1.0 read a .parquet or .jsonl.gz file as one raw text; 1.3.0: one
+  # of 1.2.0 read a .txt.gz file raw (or skipped it). A new version makes such a build be
+  # made again rather than reused.
+  VERSION = tfds.core.Version("1.3.0")
   RELEASE_NOTES = {"1.0.0": "First version.",
                    "1.1.0": "Example keys from relative paths: the same order in any folder.",
-                   "1.2.0": "Reads .parquet, .jsonl.gz and .jsonl.zst files record by record."}
+                   "1.2.0": "Reads .parquet, .jsonl.gz and .jsonl.zst files record by record.",
+                   "1.3.0": "Decompresses one-text .gz / .zst files (.txt.gz); nested fields "
+                            "(text_field a.b); corpus files in buckets."}
   TEXT_FIELD = "text"
 
   def _info(self) -> tfds.core.DatasetInfo:
@@ -215,7 +288,30 @@ class FileCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       raise CardjaxError(
           f"dataset {self.name}: no examples in {self._inputs()}; every file is empty "
           "(or was skipped as undecodable)")
+    if self.use_beam:
+      cfg = self.builder_config
+      text_field = getattr(cfg, "text_field", self.TEXT_FIELD)
+      return {s: beam_examples(files[s], s, text_field, cfg.on_decode_error) for s in splits}
     return {s: self._generate_examples(files[s], s) for s in splits}
+
+  def _process_pipeline_result(self, pipeline_result) -> None:
+    # A Beam build's counts, as a single-process build stores them.
+    for split, counts in beam_counts(pipeline_result).items():
+      self.info.metadata[split] = counts
+
+  def _download_and_prepare(self, dl_manager, download_config) -> None:
+    super()._download_and_prepare(dl_manager, download_config)
+    if not self.use_beam:
+      return
+    # Every example read must be stored: checked against the workers' own counts, so a
+    # runner that lost work fails the build instead of leaving a short corpus.
+    for split, info in self.info.splits.items():
+      read = self.info.metadata.get(split, {}).get("examples")
+      if read != info.num_examples:
+        raise CardjaxError(
+            f"dataset {self.name}: the Beam build stored {info.num_examples} examples of "
+            f"split {split} but its workers read {read}; the runner lost or repeated work: "
+            "build again (the unfinished build is not used)")
 
   def _generate_examples(self, files, split):
     stats = collections.Counter()
