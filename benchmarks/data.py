@@ -205,6 +205,32 @@ def bytes_per_token(config, examples: int = 200) -> float:
   return sum(len(t.encode()) for t in texts) / sum(len(tokenizer.encode(t)) for t in texts)
 
 
+def tree_cpu_s(root: int | None = None) -> float | None:
+  """CPU seconds (user + system) of this process and its live descendants (the grain
+  workers), from /proc; None where there is no /proc. Unlike wall time it does not count
+  the waits that other programs on a shared machine cause."""
+  root = os.getpid() if root is None else root
+  tick = os.sysconf("SC_CLK_TCK")
+  stats = {}
+  try:
+    for name in os.listdir("/proc"):
+      if name.isdigit():
+        try:
+          text = Path(f"/proc/{name}/stat").read_text()
+        except OSError:  # ended meanwhile
+          continue
+        fields = text[text.rindex(")") + 2:].split()
+        stats[int(name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+  except OSError:
+    return None
+  total, todo = 0.0, [root]
+  while todo:
+    pid = todo.pop()
+    total += stats.get(pid, (0, 0.0))[1]
+    todo += [p for p, (ppid, _) in stats.items() if ppid == pid]
+  return total
+
+
 def measure_supply(config, hosts: int, workers: int, repeats: int,
                    window_tokens: int) -> dict:
   """Tokens/s of host 0's pipeline (of `hosts`) with `workers` grain processes: `repeats`
@@ -222,16 +248,20 @@ def measure_supply(config, hosts: int, workers: int, repeats: int,
       next(loader)
     batch_tokens = first.size
     per_window = max(workers, 1, math.ceil(window_tokens / batch_tokens))
-    samples = []
+    samples, per_cpu_s = [], []
     for _ in range(repeats):
-      start = time.perf_counter()
+      cpu, start = tree_cpu_s(), time.perf_counter()
       tokens = sum(next(loader)["tokens"].size for _ in range(per_window))
       samples.append(tokens / (time.perf_counter() - start))
+      if cpu is not None:
+        per_cpu_s.append(tokens / max(tree_cpu_s() - cpu, 1e-9))
   finally:
     loader.close()
   return {"hosts": hosts, "workers": workers, "rows": first.shape[0], "seq": first.shape[1],
           "batches_per_window": per_window, "startup_s": startup_s, "samples": samples,
-          "median": statistics.median(samples), "min": min(samples), "max": max(samples)}
+          "median": statistics.median(samples), "min": min(samples), "max": max(samples),
+          # tokens per CPU-second of the workers and the consumer together
+          "per_cpu_s": per_cpu_s, "load_average": os.getloadavg()[0]}
 
 
 def workers_needed(demand: float, per_worker: float, headroom: float = HEADROOM) -> int:
@@ -241,21 +271,23 @@ def workers_needed(demand: float, per_worker: float, headroom: float = HEADROOM)
 
 def needs(demands: list[dict], supplies: list[dict], headroom: float) -> list[dict]:
   """Per topology: its host demand, the one-worker rate of its host's pipeline (the per-
-  worker supply: a worker with a core of its own), and the workers a host needs."""
+  worker supply: a worker with a core of its own) by wall time and by CPU time, and the
+  workers a host needs by each."""
   out = []
   for d in demands:
     one = [s for s in supplies if s["hosts"] == d["hosts"] and s["workers"] == 1]
     if not one:
       continue
-    per_worker = one[0]["median"]
-    out.append({"topology": d["topology"], "demand_per_host": d["tokens_per_s_per_host"],
-                "headroom": headroom, "per_worker": per_worker,
-                "per_worker_range": [one[0]["min"], one[0]["max"]],
-                "workers_needed": workers_needed(d["tokens_per_s_per_host"], per_worker,
-                                                 headroom),
-                "workers_needed_range": [
-                    workers_needed(d["tokens_per_s_per_host"], one[0]["max"], headroom),
-                    workers_needed(d["tokens_per_s_per_host"], one[0]["min"], headroom)]})
+    one, demand = one[0], d["tokens_per_s_per_host"]
+    row = {"topology": d["topology"], "demand_per_host": demand, "headroom": headroom,
+           "per_worker": one["median"], "per_worker_range": [one["min"], one["max"]],
+           "workers_needed": workers_needed(demand, one["median"], headroom),
+           "workers_needed_range": [workers_needed(demand, one["max"], headroom),
+                                    workers_needed(demand, one["min"], headroom)]}
+    if one.get("per_cpu_s"):
+      cpu = statistics.median(one["per_cpu_s"])
+      row.update(per_cpu_s=cpu, workers_needed_cpu=workers_needed(demand, cpu, headroom))
+    out.append(row)
   return out
 
 
@@ -267,22 +299,28 @@ def plan_tables(demands: list[dict], supplies: list[dict], need: list[dict]) -> 
                  f"{d['flops_per_step']:.3e} | {d['step_s']:.3f} | {d['tokens_per_s']:,.0f} | "
                  f"{d['tokens_per_s_per_host']:,.0f} |")
   lines += ["", "| topology | rows/host | workers | pipeline tok/s median [min-max] | "
-            "per worker | supply / host demand |", "|---|---|---|---|---|---|"]
+            "per worker | supply / host demand | tok per CPU-s | load |",
+            "|---|---|---|---|---|---|---|---|"]
   for d in demands:
     for s in (s for s in supplies if s["hosts"] == d["hosts"]):
       cell = range_cell(s["median"] / 1e3, s["min"] / 1e3, s["max"] / 1e3, 0, "k")
       ratio = range_cell(s["median"] / d["tokens_per_s_per_host"],
                          s["min"] / d["tokens_per_s_per_host"],
                          s["max"] / d["tokens_per_s_per_host"], 2, "x")
+      cpu = f"{statistics.median(s['per_cpu_s']) / 1e3:,.0f}k" if s.get("per_cpu_s") else "-"
       lines.append(f"| {d['topology']} | {s['rows']} x {s['seq']} | {s['workers']} | {cell} | "
-                   f"{s['median'] / max(s['workers'], 1) / 1e3:,.0f}k | {ratio} |")
+                   f"{s['median'] / max(s['workers'], 1) / 1e3:,.0f}k | {ratio} | {cpu} | "
+                   f"{s.get('load_average', float('nan')):.1f} |")
   lines += ["", "| topology | demand tok/s per host | x headroom | one worker tok/s | "
-            "workers a host needs |", "|---|---|---|---|---|"]
+            "workers a host needs | one worker tok per CPU-s | workers by CPU time |",
+            "|---|---|---|---|---|---|---|"]
   for n in need:
     low, high = n["workers_needed_range"]
     span = f" [{low}-{high}]" if low != high else ""
+    cpu = (f"{n['per_cpu_s'] / 1e3:,.0f}k | {n['workers_needed_cpu']}" if "per_cpu_s" in n
+           else "- | -")
     lines.append(f"| {n['topology']} | {n['demand_per_host']:,.0f} | {n['headroom']}x | "
-                 f"{n['per_worker'] / 1e3:,.0f}k | **{n['workers_needed']}**{span} |")
+                 f"{n['per_worker'] / 1e3:,.0f}k | **{n['workers_needed']}**{span} | {cpu} |")
   return lines
 
 
@@ -317,7 +355,8 @@ def plan_section(args, data_dir: str) -> dict:
       s = measure_supply(config, hosts, workers, args.repeats, args.window_tokens)
       print(f"  {hosts} hosts, {workers} workers: "
             f"{range_cell(s['median'], s['min'], s['max'], 0)} tokens/s "
-            f"(start-up {s['startup_s']:.1f} s)", flush=True)
+            f"(start-up {s['startup_s']:.1f} s, load average {s['load_average']:.1f})",
+            flush=True)
       supplies.append(s)
   load_after = os.getloadavg()
   need = needs(demands, supplies, args.headroom)
@@ -327,8 +366,9 @@ def plan_section(args, data_dir: str) -> dict:
     print(line)
   print(f"\n(one worker's rate is the per-worker supply: a worker with a core of its own; "
         f"this machine has {cores} usable cores, so 2 workers share them with the consumer "
-        f"and 4 oversubscribe; load average {load_before[0]:.1f} before, "
-        f"{load_after[0]:.1f} after)")
+        f"and 4 oversubscribe. Tokens per CPU-second count the workers' and the consumer's "
+        f"CPU time, not the waits other programs cause; load: the 1-minute load average "
+        f"after each setting ({load_before[0]:.1f} before the first))")
   return {"recipe": RECIPE, "mfu": args.mfu, "headroom": args.headroom,
           "flops_source": "cardjax.plan.compile.step_flops (no compile)",
           "corpus": {"paths": list(paths), "tokenizer": tokenizer or

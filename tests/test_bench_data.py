@@ -54,15 +54,17 @@ def test_needs_and_tables_from_given_rows():
              {"topology": "b", "chips": 8, "chip": "H200", "hosts": 1, "flops_per_step": 1e16,
               "step_s": 1.0, "tokens_per_s": 400_000, "tokens_per_s_per_host": 400_000}]
   supplies = [{"hosts": h, "workers": w, "rows": r, "seq": 8, "median": m, "min": m - 10_000,
-               "max": m + 10_000} for h, r in ((16, 4), (1, 64))
-              for w, m in ((1, 200_000), (2, 350_000))]
+               "max": m + 10_000, "per_cpu_s": [m / w, 2 * m / w], "load_average": 1.0}
+              for h, r in ((16, 4), (1, 64)) for w, m in ((1, 200_000), (2, 350_000))]
   need = bench.needs(demands, supplies, 1.5)
   # a: 1.5 x 100k / 200k -> 1; b: 1.5 x 400k / 200k = 3 (190k-210k one worker: 3-4).
   assert [n["workers_needed"] for n in need] == [1, 3]
   assert need[1]["workers_needed_range"] == [3, 4]
+  # By CPU time: one worker's median of 200k and 400k tokens per CPU-second -> 300k: 2.
+  assert need[1]["per_cpu_s"] == 300_000 and need[1]["workers_needed_cpu"] == 2
   text = "\n".join(bench.plan_tables(demands, supplies, need))
-  assert "| b | 400,000 | 1.5x | 200k | **3** [3-4] |" in text
-  assert "| a | 4 x 8 | 2 | 350k [340-360] | 175k | 3.50x [3.40-3.60] |" in text
+  assert "| b | 400,000 | 1.5x | 200k | **3** [3-4] | 300k | 2 |" in text
+  assert "| a | 4 x 8 | 2 | 350k [340-360] | 175k | 3.50x [3.40-3.60] | 262k | 1.0 |" in text
 
 
 def test_supply_of_one_host_on_a_tiny_corpus(tmp_path):
@@ -78,6 +80,13 @@ def test_supply_of_one_host_on_a_tiny_corpus(tmp_path):
     assert (s["rows"], s["seq"]) == (4, 64)  # half the batch of 8: one of 2 hosts
     assert len(s["samples"]) == 2 and s["min"] <= s["median"] <= s["max"]
     assert s["batches_per_window"] >= max(workers, 1)
+    assert len(s["per_cpu_s"]) == 2 and min(s["per_cpu_s"]) > 0
+
+
+def test_cpu_time_counts_this_process():
+  start = bench.tree_cpu_s()
+  sum(i * i for i in range(3_000_000))
+  assert bench.tree_cpu_s() > start
 
 
 def test_step_flops_counts_at_least_the_dense_matmuls():
