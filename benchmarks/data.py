@@ -13,7 +13,9 @@ from the plan's own count, cardjax.plan.compile.step_flops, without compiling th
 divided by the topology's hosts. Supply: card_1b's own pipeline (text_corpus, seq 2048,
 packing) with one host's share of the batch (make_loader's process_count = the hosts), on a
 local text corpus, for 1, 2 and 4 grain workers, several timed windows each after a
-warm-up. Then the workers a host needs: ceil(headroom x demand / one worker's tokens/s).
+warm-up, by wall clock and per CPU-second of the workers and the consumer (steadier on a
+shared machine). Then the workers a host needs: ceil(headroom x demand / one worker's
+tokens/s), one worker standing for a worker with a core of its own.
 """
 
 from __future__ import annotations
