@@ -4,7 +4,7 @@ Bucket files are read through fsspec (gcsfs / s3fs) as seekable file objects, so
 format readers stream them as they stream local files (Parquet fetches one column chunk
 at a time, compressed JSONL is decompressed as it arrives). Bucket errors become one
 CardjaxError naming the path and the fix: gcsfs retries a refused connection for about
-30 s, so an endpoint is probed once with a short TCP connect first.
+30 s, so an endpoint is probed once with a short TCP connect first (storage.reach's probe).
 """
 
 from __future__ import annotations
@@ -13,47 +13,26 @@ import contextlib
 import functools
 import glob
 import os
-import socket
 from collections.abc import Iterator
-from urllib.parse import urlparse
 
 from cardjax.errors import CardjaxError
 from cardjax.storage import is_remote, scheme
+from cardjax.storage.reach import endpoint, probe
 
-_CONNECT_TIMEOUT_S = 5.0
-_GCS_HOST = "https://storage.googleapis.com"
-_S3_HOST = "https://s3.amazonaws.com"
-
-
-def _endpoint(kind: str) -> str:
-  """The URL the gs:// or s3:// client will talk to (an emulator's when one is set)."""
-  if kind == "gs":
-    return os.environ.get("STORAGE_EMULATOR_HOST") or _GCS_HOST
-  return (os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-          or _S3_HOST)
-
-
-@functools.lru_cache(maxsize=None)
-def _probe(url: str) -> str | None:
-  """None when a TCP connection to `url`'s host opens, else the reason it did not."""
-  parsed = urlparse(url if "://" in url else f"http://{url}")
-  port = parsed.port or (443 if parsed.scheme == "https" else 80)
-  try:
-    with socket.create_connection((parsed.hostname, port), timeout=_CONNECT_TIMEOUT_S):
-      return None
-  except OSError as e:
-    return f"{type(e).__name__}: {e}"
+# A success is remembered for the process; a failure is probed again on the next call.
+_probe = functools.lru_cache(maxsize=None)(probe)
 
 
 def check_reachable(path: str) -> None:
   """Raise at once when the storage endpoint of bucket path `path` does not answer."""
   kind = scheme(path)
-  url = _endpoint(kind)
-  if (reason := _probe(url)) is not None:
+  url, _ = endpoint(kind)
+  if (error := _probe(url)) is not None:
     _probe.cache_clear()  # a later call (the network back) probes again
     raise CardjaxError(
-        f"{path}: cannot reach the {kind}:// endpoint {url} ({reason}); check the network, "
-        "or the endpoint variable (STORAGE_EMULATOR_HOST for gs://, AWS_ENDPOINT_URL for s3://)")
+        f"{path}: cannot reach the {kind}:// endpoint {url} ({type(error).__name__}: "
+        f"{error}); check the network, or the endpoint variable (STORAGE_EMULATOR_HOST for "
+        "gs://, AWS_ENDPOINT_URL for s3://)")
 
 
 def filesystem(path: str):
