@@ -5,7 +5,6 @@ Hugging Face, a two-process job checkpoints there, and unusable buckets are clea
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,13 +20,8 @@ from cardjax.data.prepare import prepare
 from cardjax.storage import as_path
 from cardjax.train import train
 from cloud_emulators import emulated
+from launch_helpers import ROOT, SMALL, checkout_env, cli, two_process_env
 
-ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--config.data.options.max_files=40", "--config.data.options.validation_percent=10",
-         "--config.data.seq_len=32", "--config.data.batch_size=8", "--config.train.log_every=2",
-         "--config.train.progress=false", "--config.train.eval_steps=1",
-         "--config.train.eval_every=0", "--config.model.hidden_size=32",
-         "--config.model.intermediate_size=64", "--config.train.schedule=constant"]
 
 
 @pytest.fixture(scope="module")
@@ -37,18 +31,12 @@ def data_dir(tmp_path_factory):
   return root
 
 
-def _cli(*args) -> list[str]:
-  """`cardjax ARGS` running this checkout (the repo's .venv or a worktree's PYTHONPATH)."""
-  return [sys.executable, "-m", "cardjax.cli", *map(str, args)]
-
-
 def _env(extra: dict, staging: Path) -> dict:
-  return {**os.environ, **extra, "CARDJAX_STAGING_DIR": str(staging),
-          "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+  return checkout_env({**os.environ, **extra, "CARDJAX_STAGING_DIR": str(staging)})
 
 
 def _train_args(workdir, data_dir, steps, *extra):
-  return _cli("train", "--config", "configs/tiny_card.py", "--workdir", workdir,
+  return cli("train", "--config", "configs/tiny_card.py", "--workdir", workdir,
               f"--config.data.data_dir={data_dir}", *SMALL, f"--config.train.steps={steps}",
               *extra)
 
@@ -195,9 +183,7 @@ def test_two_process_job_checkpoints_to_a_bucket_and_resumes(scheme, data_dir, t
   data-iterator state there, and a second launch resumes from it."""
   with emulated(scheme) as (env, root):
     run = f"{root}/run"
-    environ = _env(env, tmp_path / "staging")
-    environ.pop("XLA_FLAGS", None)
-    environ["CARDJAX_PORT"] = str(portpicker.pick_unused_port())
+    environ = two_process_env(_env(env, tmp_path / "staging"))
     for steps, every in ((4, 4), (6, 100)):
       cmd = [str(ROOT / "launch" / "local.sh"), "2", "2",
              *_train_args(run, data_dir, steps, f"--config.train.checkpoint_every={every}")]

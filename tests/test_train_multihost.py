@@ -4,32 +4,20 @@ one checkpoint with a data-iterator file per process, and resumes exactly."""
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
-import portpicker
+from launch_helpers import ROOT, SMALL, cli, two_process_env
 
 from cardjax.config import load_config
 from cardjax.data.prepare import make_loader, prepare
 
-ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--config.data.options.max_files=40", "--config.data.options.validation_percent=10",
-         "--config.data.seq_len=32", "--config.data.batch_size=8", "--config.train.log_every=2",
-         "--config.train.progress=false", "--config.train.eval_steps=1",
-         "--config.train.eval_every=0", "--config.model.hidden_size=32",
-         "--config.model.intermediate_size=64", "--config.train.schedule=constant"]
-
-
 def _launch(workdir, data_dir, steps, checkpoint_every):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env["CARDJAX_PORT"] = str(portpicker.pick_unused_port())
-  # This checkout's cardjax, whichever interpreter runs the tests (a worktree has no .venv).
-  env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-  cmd = [str(ROOT / "launch" / "local.sh"), "2", "2", sys.executable, "-m", "cardjax.cli",
-         "train", "--config", "configs/tiny_ar.py", "--workdir", str(workdir),
-         f"--config.data.data_dir={data_dir}", *SMALL, f"--config.train.steps={steps}",
-         f"--config.train.checkpoint_every={checkpoint_every}"]
+  env = two_process_env(dict(os.environ))
+  cmd = [str(ROOT / "launch" / "local.sh"), "2", "2", *cli(
+      "train", "--config", "configs/tiny_ar.py", "--workdir", workdir,
+      f"--config.data.data_dir={data_dir}", *SMALL, f"--config.train.steps={steps}",
+      f"--config.train.checkpoint_every={checkpoint_every}")]
   result = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
   assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
   return result

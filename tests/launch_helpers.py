@@ -1,0 +1,37 @@
+"""What the tests that run `cardjax train` as subprocesses share: a small tiny-config run
+and the environment that makes a subprocess (or launch/local.sh's processes) run this
+checkout's cardjax."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import portpicker
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--config.data.options.max_files=40", "--config.data.options.validation_percent=10",
+         "--config.data.seq_len=32", "--config.data.batch_size=8", "--config.train.log_every=2",
+         "--config.train.progress=false", "--config.train.eval_steps=1",
+         "--config.train.eval_every=0", "--config.model.hidden_size=32",
+         "--config.model.intermediate_size=64", "--config.train.schedule=constant"]
+
+
+def cli(*args) -> list[str]:
+  """`cardjax ARGS` running this checkout, whichever interpreter runs the tests (a
+  worktree has no .venv of its own)."""
+  return [sys.executable, "-m", "cardjax.cli", *map(str, args)]
+
+
+def checkout_env(base: dict) -> dict:
+  """`base` with this checkout first on PYTHONPATH."""
+  return {**base, "PYTHONPATH": os.pathsep.join([str(ROOT), base.get("PYTHONPATH", "")])}
+
+
+def two_process_env(base: dict) -> dict:
+  """The environment of launch/local.sh's two processes: one CPU device each (no forced
+  device count) and a free coordinator port."""
+  env = {k: v for k, v in checkout_env(base).items() if k != "XLA_FLAGS"}
+  env["CARDJAX_PORT"] = str(portpicker.pick_unused_port())
+  return env
