@@ -5,7 +5,7 @@
 demo: for each workload of the demo (configs/tiny.py on python_stdlib pretraining and on
 arith_sft SFT rows) the pipeline's tokens/s (in-process and with 2 grain workers) next to
 a jitted AdamW step of the tiny model on the same batches (next-token loss, forward +
-backward + update): the pipeline must be faster than the step.
+backward + update), each `--repeats` times: the pipeline must be faster than the step.
 
 plan: the 1B recipe (configs/card_1b.py). Demand: the tokens/s per host that `cardjax plan`
 gives on each topology (tokens per step / (model FLOPs per step / (peak x MFU)), the FLOPs
@@ -104,7 +104,14 @@ def step_tokens_per_s(config, steps: int) -> float:
   return steps * batches[0]["tokens"].size / (time.perf_counter() - start)
 
 
-def demo_section(data_dir: str, steps: int) -> list[dict]:
+def _summary(values: list[float]) -> dict:
+  return {"median": statistics.median(values), "min": min(values), "max": max(values),
+          "runs": values}
+
+
+def demo_section(data_dir: str, steps: int, repeats: int) -> list[dict]:
+  """Each workload's pipeline (0 and 2 workers) and step tokens/s, `repeats` times each,
+  interleaved so that a burst of load from other programs touches all three alike."""
   from cardjax.config import load_config
   from cardjax.data.prepare import prepare
 
@@ -112,19 +119,25 @@ def demo_section(data_dir: str, steps: int) -> list[dict]:
   for name, overrides in WORKLOADS.items():
     config = load_config("configs/tiny.py", [f"--config.data.data_dir={data_dir}", *overrides])
     prepare(config)
-    p0 = pipeline_tokens_per_s(config, 0, steps)
-    p2 = pipeline_tokens_per_s(config, 2, steps)
-    s = step_tokens_per_s(config, steps)
+    p0, p2, s = [], [], []
+    for _ in range(repeats):
+      p0.append(pipeline_tokens_per_s(config, 0, steps))
+      p2.append(pipeline_tokens_per_s(config, 2, steps))
+      s.append(step_tokens_per_s(config, steps))
     rows.append({"workload": name, "batch": config.data.batch_size, "seq": config.data.seq_len,
-                 "pipeline": p0, "pipeline_2_workers": p2, "step": s})
+                 "pipeline": _summary(p0), "pipeline_2_workers": _summary(p2),
+                 "step": _summary(s), "load_average": os.getloadavg()[0]})
   header = ("workload", "batch", "seq", "pipeline tok/s", "pipeline 2 workers",
             "train step tok/s", "pipeline / step")
+  print(f"(median [range] of {repeats} runs of {steps} batches or steps each)")
   print("| " + " | ".join(header) + " |")
   print("|" + "---|" * len(header))
   for r in rows:
-    print(f"| {r['workload']} | {r['batch']} | {r['seq']} | {r['pipeline']:,.0f} | "
-          f"{r['pipeline_2_workers']:,.0f} | {r['step']:,.0f} | "
-          f"{max(r['pipeline'], r['pipeline_2_workers']) / r['step']:.1f}x |")
+    cells = [range_cell(r[k]["median"], r[k]["min"], r[k]["max"], 0)
+             for k in ("pipeline", "pipeline_2_workers", "step")]
+    best = max(r["pipeline"]["median"], r["pipeline_2_workers"]["median"])
+    print(f"| {r['workload']} | {r['batch']} | {r['seq']} | " + " | ".join(cells) +
+          f" | {best / r['step']['median']:.1f}x |")
   return rows
 
 
@@ -392,7 +405,8 @@ def main():
   parser.add_argument("--mfu", type=float, default=0.4, help="as `cardjax plan --mfu`")
   parser.add_argument("--headroom", type=float, default=HEADROOM)
   parser.add_argument("--workers", default="1,2,4")
-  parser.add_argument("--repeats", type=int, default=3, help="timed windows per worker count")
+  parser.add_argument("--repeats", type=int, default=3,
+                      help="plan: timed windows per worker count; demo: runs of each cell")
   parser.add_argument("--window-tokens", type=int, default=1_000_000)
   parser.add_argument("--paths", default="", help="corpus files or globs, comma-separated "
                       "(default: the Python stdlib's top-level modules and tests)")
@@ -407,7 +421,7 @@ def main():
   result = {"machine": info, "command": "python -m benchmarks.data " + " ".join(
       a for a in sys.argv[1:])}
   if args.section in ("demo", "all"):
-    result["demo"] = demo_section(data_dir, args.steps)
+    result["demo"] = demo_section(data_dir, args.steps, args.repeats)
   if args.section in ("plan", "all"):
     if args.section == "all":
       print()
