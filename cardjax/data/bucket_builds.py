@@ -12,13 +12,13 @@ opening gs://..."), and reading shards from a bucket path does not return. So:
   and reads it there.
 
 The cache is $CARDJAX_CACHE/data (default ~/.cache/cardjax/data), one folder per bucket
-data_dir. For a corpus larger than local disk, mount the bucket (gcsfuse, mountpoint-s3)
-and give the mount as a local data_dir instead (docs/data.md).
+data_dir, named as every bucket mirror is (cardjax/storage/cache.py). For a corpus larger
+than local disk, mount the bucket (gcsfuse, mountpoint-s3) and give the mount as a local
+data_dir instead (docs/data.md).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -27,24 +27,18 @@ import tempfile
 from cardjax.data.files import filesystem, storage_errors
 from cardjax.errors import CardjaxError
 from cardjax.storage import is_remote
+from cardjax.storage.cache import data_root, mirror_name
 
 log = logging.getLogger("cardjax.data")
 MARKER = "dataset_info.json"  # what tfds' is_prepared() looks for; uploaded last
 
 
-def cache_root() -> str:
-  base = os.environ.get("CARDJAX_CACHE") or os.path.join("~", ".cache", "cardjax")
-  return os.path.join(os.path.abspath(os.path.expanduser(base)), "data")
-
-
 def local_dir(data_dir: str) -> str:
   """Where builds of `data_dir` are written and read on this machine: the folder itself,
-  or for a bucket its cache folder (named by a hash of the URI, plus its last part)."""
+  or for a bucket its mirror folder in the data cache (cardjax/storage/cache.py)."""
   if not is_remote(data_dir):
     return data_dir
-  digest = hashlib.sha1(data_dir.encode("utf-8")).hexdigest()[:16]
-  tail = "".join(c if c.isalnum() or c in "-_." else "_" for c in data_dir.rsplit("/", 1)[-1])
-  return os.path.join(cache_root(), f"{tail}-{digest}")
+  return str(data_root() / mirror_name(data_dir))
 
 
 def remote_folder(data_dir: str, local_build: str) -> str:

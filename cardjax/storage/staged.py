@@ -21,8 +21,9 @@ import shutil
 import uuid
 from pathlib import Path
 
+from cardjax.storage.cache import staging_dir
 from cardjax.storage.paths import checked_path, resolve
-from cardjax.storage.transfer import download_tree, staging_dir
+from cardjax.storage.transfer import download_tree
 
 MARKER = "cardjax_committed"
 

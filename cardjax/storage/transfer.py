@@ -9,7 +9,6 @@ an error. For a local path both simply give the path itself.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import tempfile
@@ -18,24 +17,8 @@ from pathlib import Path
 from etils import epath
 
 from cardjax.errors import CardjaxError
+from cardjax.storage.cache import staging_dir
 from cardjax.storage.paths import checked_path, is_remote, resolve
-
-
-def staging_root() -> Path:
-  """Where bucket runs keep their local copies: $CARDJAX_STAGING_DIR, else
-  ~/.cache/cardjax/staging."""
-  root = os.environ.get("CARDJAX_STAGING_DIR") or os.path.join(
-      os.path.expanduser("~"), ".cache", "cardjax", "staging")
-  return Path(root).absolute()
-
-
-def staging_dir(uri: str) -> Path:
-  """The local folder that mirrors bucket folder `uri`: readable (scheme/bucket/path) and
-  unique (a hash of the whole URI, so that two URIs never share one)."""
-  uri = resolve(uri)
-  name, rest = uri.split("://", 1)
-  digest = hashlib.sha1(uri.encode()).hexdigest()[:10]
-  return staging_root() / name / f"{rest.replace('/', '_')[:80]}-{digest}"
 
 
 def upload_tree(local: str | os.PathLike, remote: str | epath.Path) -> None:

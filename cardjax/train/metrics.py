@@ -19,7 +19,8 @@ from pathlib import Path
 import jax
 
 from cardjax.storage import checked_path, is_remote, resolve
-from cardjax.storage.transfer import staging_dir, upload_tree
+from cardjax.storage.cache import staging_dir
+from cardjax.storage.transfer import upload_tree
 
 
 def local_run_dir(workdir: str | Path) -> Path:
