@@ -108,7 +108,8 @@ def run_demo(workdir: str | Path, overrides=()) -> dict:
   from cardjax.model import create_model, param_count
 
   from cardjax.storage import checked_path, check, is_remote, resolve
-  from cardjax.storage.transfer import cached_copy, staging_dir
+  from cardjax.storage.cache import staging_dir
+  from cardjax.storage.transfer import cached_copy
 
   check(workdir)
   # An epath.Path: a local folder or a bucket (gs://, s3://). A bucket demo builds its

@@ -239,13 +239,15 @@ def test_unusable_buckets_are_one_clear_error_before_any_work(tmp_path, monkeypa
   monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
   assert "TENSORSTORE_GCS_HTTP_URL" in _fails(train("gs://b/run"), capsys)
   monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", url)
-  assert f"cannot reach the storage endpoint STORAGE_EMULATOR_HOST={url}" in _fails(
-      train("gs://b/run"), capsys)
+  err = _fails(train("gs://b/run"), capsys)
+  assert f"gs://b: cannot reach the gs:// endpoint {url} " in err
+  assert "correct STORAGE_EMULATOR_HOST" in err
   monkeypatch.setenv("AWS_ENDPOINT_URL", url)
   monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
   monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-  assert f"cannot reach the storage endpoint AWS_ENDPOINT_URL={url}" in _fails(
-      train("s3://b/run"), capsys)
+  err = _fails(train("s3://b/run"), capsys)
+  assert f"s3://b: cannot reach the s3:// endpoint {url} " in err
+  assert "correct AWS_ENDPOINT_URL" in err
   assert "cannot reach" in _fails(["export-hf", str(tmp_path), "s3://b/hf"], capsys)
   # Buckets that do not exist.
   for scheme in ("gs", "s3"):

@@ -12,53 +12,38 @@ opening gs://..."), and reading shards from a bucket path does not return. So:
   and reads it there.
 
 The cache is $CARDJAX_CACHE/data (default ~/.cache/cardjax/data), one folder per bucket
-data_dir. For a corpus larger than local disk, mount the bucket (gcsfuse, mountpoint-s3)
-and give the mount as a local data_dir instead (docs/data.md).
+data_dir, named as every bucket mirror is (cardjax/storage/cache.py). Both copies are
+cardjax/storage/trees.py's. For a corpus larger than local disk, mount the bucket
+(gcsfuse, mountpoint-s3) and give the mount as a local data_dir instead (docs/data.md).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import shutil
-import tempfile
 
-from cardjax.data.files import filesystem, storage_errors
 from cardjax.errors import CardjaxError
-from cardjax.storage import is_remote
+from cardjax.storage import is_remote, trees
+from cardjax.storage.cache import data_root, mirror_name
+from cardjax.storage.errors import storage_errors
+from cardjax.storage.reach import filesystem
 
 log = logging.getLogger("cardjax.data")
 MARKER = "dataset_info.json"  # what tfds' is_prepared() looks for; uploaded last
 
 
-def cache_root() -> str:
-  base = os.environ.get("CARDJAX_CACHE") or os.path.join("~", ".cache", "cardjax")
-  return os.path.join(os.path.abspath(os.path.expanduser(base)), "data")
-
-
 def local_dir(data_dir: str) -> str:
   """Where builds of `data_dir` are written and read on this machine: the folder itself,
-  or for a bucket its cache folder (named by a hash of the URI, plus its last part)."""
+  or for a bucket its mirror folder in the data cache (cardjax/storage/cache.py)."""
   if not is_remote(data_dir):
     return data_dir
-  digest = hashlib.sha1(data_dir.encode("utf-8")).hexdigest()[:16]
-  tail = "".join(c if c.isalnum() or c in "-_." else "_" for c in data_dir.rsplit("/", 1)[-1])
-  return os.path.join(cache_root(), f"{tail}-{digest}")
+  return str(data_root() / mirror_name(data_dir))
 
 
 def remote_folder(data_dir: str, local_build: str) -> str:
   """The bucket URI of the build folder `local_build` (NAME/CONFIG/VERSION)."""
   rel = os.path.relpath(local_build, local_dir(data_dir)).replace(os.sep, "/")
   return f"{data_dir}/{rel}"
-
-
-def _listing(fs, folder: str) -> dict[str, int]:
-  """{path relative to `folder`: size} of every file under a bucket folder."""
-  prefix = folder.split("://", 1)[1].rstrip("/") + "/"
-  found = fs.find(folder, detail=True)
-  return {name[len(prefix):]: int(info["size"]) for name, info in found.items()
-          if name.startswith(prefix) and info.get("type") == "file"}
 
 
 def is_uploaded(folder: str) -> bool:
@@ -69,59 +54,18 @@ def is_uploaded(folder: str) -> bool:
 
 def upload(local_build: str, folder: str) -> None:
   """Copy a finished local build folder to the bucket folder, the marker file last."""
-  files = sorted(os.path.relpath(os.path.join(d, n), local_build).replace(os.sep, "/")
-                 for d, _, names in os.walk(local_build) for n in names)
-  if MARKER not in files:
+  if not os.path.isfile(os.path.join(local_build, MARKER)):
     raise CardjaxError(f"{local_build} is not a finished build (no {MARKER}); build it again")
-  files = [f for f in files if f != MARKER] + [MARKER]
-  fs = filesystem(folder)
-  log.info("uploading %d files of %s to %s", len(files), local_build, folder)
-  with storage_errors(folder, "write"):
-    for rel in files:
-      fs.put_file(os.path.join(local_build, rel), f"{folder}/{rel}")
-
-
-def _matches(local_build: str, sizes: dict[str, int]) -> bool:
-  for rel, size in sizes.items():
-    path = os.path.join(local_build, rel)
-    if not os.path.isfile(path) or os.path.getsize(path) != size:
-      return False
-  return True
+  log.info("uploading %s to %s", local_build, folder)
+  trees.upload(local_build, folder, last=MARKER)
 
 
 def fetch(folder: str, local_build: str) -> None:
   """Make `local_build` a complete copy of the bucket build `folder` (no-op when the copy
   already matches the bucket's files and sizes)."""
-  fs = filesystem(folder)
-  with storage_errors(folder, "list"):
-    sizes = _listing(fs, folder)
+  sizes = trees.listing(folder)
   if MARKER not in sizes:
     raise CardjaxError(f"{folder} is not a finished build (no {MARKER}); build it again")
-  if os.path.isdir(local_build) and _matches(local_build, sizes):
-    return
-  parent = os.path.dirname(local_build)
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".download-", dir=parent)
-  try:
+  if not (os.path.isdir(local_build) and trees.matches(local_build, sizes)):
     log.info("downloading %s (%.1f MB) to %s", folder, sum(sizes.values()) / 1e6, local_build)
-    with storage_errors(folder):
-      for rel in sorted(sizes):
-        target = os.path.join(tmp, rel)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        fs.get_file(f"{folder}/{rel}", target)
-    if not _matches(tmp, sizes):
-      raise CardjaxError(f"{folder}: the downloaded files differ in size from the bucket's "
-                         "(the build changed while downloading?); run again")
-    if os.path.isdir(local_build) and _matches(local_build, sizes):
-      return  # another process on this machine finished the same copy meanwhile
-    if os.path.isdir(local_build):  # a stale or partial copy: moved aside, then removed
-      stale = tempfile.mkdtemp(prefix=".stale-", dir=parent)
-      os.rename(local_build, os.path.join(stale, "old"))
-      shutil.rmtree(stale, ignore_errors=True)
-    try:
-      os.rename(tmp, local_build)
-    except OSError:
-      if not (os.path.isdir(local_build) and _matches(local_build, sizes)):
-        raise  # not another process's identical copy
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
+    trees.download(folder, local_build, sizes)

@@ -17,9 +17,10 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from cardjax.data.files import check_reachable, storage_errors
 from cardjax.errors import CardjaxError
 from cardjax.storage import as_path, is_remote
+from cardjax.storage.errors import storage_errors
+from cardjax.storage.reach import check_endpoint
 
 MASK = "<|mask|>"
 EOS = "<|endoftext|>"
@@ -138,7 +139,7 @@ class Tokenizer:
   def save(self, directory: str | Path) -> Path:
     config_text = json.dumps(self.config, indent=2) + "\n"
     if is_remote(directory):
-      check_reachable(str(directory))
+      check_endpoint(str(directory))
       remote = as_path(directory)
       with storage_errors(str(remote), "write"):
         remote.mkdir(parents=True, exist_ok=True)
@@ -157,7 +158,7 @@ def load_tokenizer(directory: str | Path, mask_token_id: int | None = None) -> T
   from tokenizers import Tokenizer as HFTokenizer
 
   if is_remote(directory):
-    check_reachable(str(directory))
+    check_endpoint(str(directory))
   directory = as_path(directory) if is_remote(directory) else Path(directory)
   path = directory / "tokenizer.json"
   with storage_errors(str(directory)):

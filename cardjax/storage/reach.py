@@ -1,6 +1,10 @@
 """Checks, before any work, that a bucket URI can be used: its endpoint answers, there are
 credentials, the bucket exists. Each failure is one CardjaxError naming the fix; without
 these checks gcsfs, s3fs and tensorstore retry for minutes and then fail deep in a save.
+
+`check` is all three (the run side, at each path's entry); `check_endpoint` is the endpoint
+alone, the one TCP probe both use (the data side and the tree copier, whose clients then
+report credentials and missing objects through cardjax/storage/errors.py).
 """
 
 from __future__ import annotations
@@ -59,13 +63,31 @@ def probe(url: str) -> OSError | None:
     return e
 
 
-def _reachable(url: str, variable: str | None) -> None:
-  """A TCP connection to `url`'s host and port, or one CardjaxError."""
-  if (reason := probe(url)) is not None:
-    where = f"{variable}={url}" if variable else url
-    fix = ("start the emulator there or correct the variable" if variable else
-           "check the network (a machine without internet access cannot use buckets)")
-    raise CardjaxError(f"cannot reach the storage endpoint {where} ({reason}); {fix}")
+# A success is remembered for the process; a failure is probed again on the next call (the
+# network back, the emulator started).
+_probe_once = functools.lru_cache(maxsize=None)(probe)
+
+
+def check_endpoint(path: str) -> None:
+  """Raise at once (within CONNECT_TIMEOUT_S) when the endpoint of bucket path `path` does not
+  answer: gcsfs retries a refused connection for about 30 s, tensorstore for minutes."""
+  kind = scheme(path)
+  url, variable = endpoint(kind)
+  if (error := _probe_once(url)) is None:
+    return
+  _probe_once.cache_clear()
+  fix = (f"start the emulator there or correct {variable}" if variable else
+         "check the network (a machine without internet access cannot use buckets)")
+  raise CardjaxError(f"{path}: cannot reach the {kind}:// endpoint {url} "
+                     f"({type(error).__name__}: {error}); {fix}")
+
+
+def filesystem(path: str):
+  """The fsspec file system (gcsfs, s3fs) of bucket path `path`, its endpoint checked first."""
+  import fsspec
+
+  check_endpoint(path)
+  return fsspec.filesystem(scheme(path))
 
 
 def _check_gcs(bucket: str) -> None:
@@ -75,7 +97,7 @@ def _check_gcs(bucket: str) -> None:
       raise CardjaxError("STORAGE_EMULATOR_HOST is set but TENSORSTORE_GCS_HTTP_URL is not: "
                          "orbax (through tensorstore) would write checkpoints to the real "
                          f"GCS; set TENSORSTORE_GCS_HTTP_URL={url} too")
-    _reachable(url, variable)
+    check_endpoint(f"gs://{bucket}")
   else:
     import google.auth
     from google.auth.exceptions import DefaultCredentialsError
@@ -87,7 +109,7 @@ def _check_gcs(bucket: str) -> None:
                          "application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS "
                          "to a service-account key file (on a GCP VM the VM's service "
                          "account is used)") from None
-    _reachable(url, None)
+    check_endpoint(f"gs://{bucket}")
   import gcsfs
   if not gcsfs.GCSFileSystem().exists(bucket):
     raise CardjaxError(f"gs://{bucket}: no such bucket (or these credentials cannot see it); "
@@ -101,7 +123,7 @@ def _check_s3(bucket: str) -> None:
   if botocore.session.get_session().get_credentials() is None:
     raise CardjaxError(f"s3://{bucket}: no AWS credentials; set AWS_ACCESS_KEY_ID and "
                        "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE (~/.aws/credentials)")
-  _reachable(*endpoint("s3"))
+  check_endpoint(f"s3://{bucket}")
   import s3fs
   if not s3fs.S3FileSystem().exists(bucket):
     raise CardjaxError(f"s3://{bucket}: no such bucket (or these credentials cannot see it); "

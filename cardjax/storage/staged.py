@@ -21,8 +21,9 @@ import shutil
 import uuid
 from pathlib import Path
 
+from cardjax.storage import trees
+from cardjax.storage.cache import staging_dir
 from cardjax.storage.paths import checked_path, resolve
-from cardjax.storage.transfer import download_tree, staging_dir
 
 MARKER = "cardjax_committed"
 
@@ -74,11 +75,9 @@ class StagedCheckpoints:
     if step is None and committed:
       step = max(committed)
     if step is not None and step in committed and not (self.local / str(step)).is_dir():
-      partial = self.local / f".download-{step}"
-      shutil.rmtree(partial, ignore_errors=True)
-      download_tree(self.remote / str(step), partial)
-      (partial / MARKER).unlink(missing_ok=True)
-      partial.rename(self.local / str(step))  # whole or absent, as orbax expects
+      folder = f"{self.uri}/{step}"
+      files = {k: v for k, v in trees.listing(folder).items() if k != MARKER}
+      trees.download(folder, self.local / str(step), files)  # whole or absent, as orbax expects
       ids[step] = committed[step]
     self._write_ids({k: v for k, v in ids.items() if k in committed})
     return self.local
@@ -86,15 +85,12 @@ class StagedCheckpoints:
   def push(self, step: int, keep: int | None = None) -> None:
     """Upload finished local step `step`, its marker last; then delete the bucket's steps
     beyond the newest `keep` (marker first, so a half-deleted step is never read)."""
-    source = self.local / str(step)
     target = self.remote / str(step)
     if target.exists():  # an earlier, unfinished upload of this step
       self._delete(step)
-    for f in sorted(source.rglob("*")):
-      if f.is_file():
-        dest = target / f.relative_to(source).as_posix()
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(f.read_bytes())
+    trees.upload(self.local / str(step), str(target))
+    # The marker is written here, after the upload, rather than sent as trees.upload's `last`
+    # file: it never exists in orbax's local step folder.
     marker = uuid.uuid4().hex
     (target / MARKER).write_text(marker)
     ids = self._local_ids()

@@ -3,70 +3,23 @@ files (safetensors, transformers, tokenizers, tensorboardX, orbax on s3://).
 
 `local_copy(path)` gives a local folder or file with a bucket object's contents;
 `local_output(path)` a local folder whose contents are uploaded when the block ends without
-an error. For a local path both simply give the path itself.
+an error. For a local path both simply give the path itself. Folders are copied by
+cardjax/storage/trees.py; a bucket's local copies that are kept live in its staging folder
+(cardjax/storage/cache.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from etils import epath
-
 from cardjax.errors import CardjaxError
+from cardjax.storage import trees
+from cardjax.storage.cache import staging_dir
 from cardjax.storage.paths import checked_path, is_remote, resolve
-
-
-def staging_root() -> Path:
-  """Where bucket runs keep their local copies: $CARDJAX_STAGING_DIR, else
-  ~/.cache/cardjax/staging."""
-  root = os.environ.get("CARDJAX_STAGING_DIR") or os.path.join(
-      os.path.expanduser("~"), ".cache", "cardjax", "staging")
-  return Path(root).absolute()
-
-
-def staging_dir(uri: str) -> Path:
-  """The local folder that mirrors bucket folder `uri`: readable (scheme/bucket/path) and
-  unique (a hash of the whole URI, so that two URIs never share one)."""
-  uri = resolve(uri)
-  name, rest = uri.split("://", 1)
-  digest = hashlib.sha1(uri.encode()).hexdigest()[:10]
-  return staging_root() / name / f"{rest.replace('/', '_')[:80]}-{digest}"
-
-
-def upload_tree(local: str | os.PathLike, remote: str | epath.Path) -> None:
-  """Every file under local folder `local` to the same relative path under `remote`."""
-  local, remote = Path(local), checked_path(remote)
-  for f in sorted(local.rglob("*")):
-    if f.is_file():
-      target = remote / f.relative_to(local).as_posix()
-      target.parent.mkdir(parents=True, exist_ok=True)
-      target.write_bytes(f.read_bytes())
-
-
-def files_under(folder: epath.Path) -> list[tuple[str, epath.Path]]:
-  """(relative posix path, path) of every file under `folder`, walked one listing per
-  folder (epath refuses rglob on buckets)."""
-  found = []
-  for child in folder.iterdir():
-    if child.is_dir():
-      found += [(f"{child.name}/{rel}", f) for rel, f in files_under(child)]
-    else:
-      found.append((child.name, child))
-  return sorted(found)
-
-
-def download_tree(remote: str | epath.Path, local: str | os.PathLike) -> None:
-  """Every object under `remote` to the same relative path under local folder `local`."""
-  local = Path(local)
-  for rel, f in files_under(checked_path(remote)):
-    target = local / rel
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(f.read_bytes())
 
 
 @contextlib.contextmanager
@@ -80,7 +33,7 @@ def local_copy(path: str | os.PathLike):
   with tempfile.TemporaryDirectory(prefix="cardjax-download-") as tmp:
     target = Path(tmp) / remote.name
     if remote.is_dir():
-      download_tree(remote, target)
+      trees.download(str(remote), target)
     elif remote.exists():
       target.write_bytes(remote.read_bytes())
     else:
@@ -98,7 +51,8 @@ def local_output(path: str | os.PathLike):
     return
   with tempfile.TemporaryDirectory(prefix="cardjax-upload-") as tmp:
     yield Path(tmp)
-    upload_tree(tmp, path)
+    checked_path(path)  # credentials and bucket too: trees checks only the endpoint
+    trees.upload(tmp, path)
 
 
 def copy_file(source: str | os.PathLike, target: str | os.PathLike) -> None:
@@ -121,7 +75,7 @@ def cached_copy(path: str | os.PathLike) -> Path:
   shutil.rmtree(target.parent, ignore_errors=True)
   target.parent.mkdir(parents=True)
   if remote.is_dir():
-    download_tree(remote, target)
+    trees.download(str(remote), target)
   else:
     target.write_bytes(remote.read_bytes())
   return target

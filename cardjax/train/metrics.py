@@ -18,8 +18,8 @@ from pathlib import Path
 
 import jax
 
-from cardjax.storage import checked_path, is_remote, resolve
-from cardjax.storage.transfer import staging_dir, upload_tree
+from cardjax.storage import checked_path, is_remote, resolve, trees
+from cardjax.storage.cache import staging_dir
 
 
 def local_run_dir(workdir: str | Path) -> Path:
@@ -71,7 +71,7 @@ class MetricsWriter:
     self.jsonl.flush()
     if self.tb is not None:
       self.tb.flush()
-    upload_tree(self.local, self.workdir)
+    trees.upload(self.local, self.workdir)
 
   def close(self) -> None:
     if self.jsonl is not None:
@@ -79,4 +79,4 @@ class MetricsWriter:
     if self.tb is not None:
       self.tb.close()
     if self.enabled and self.remote:
-      upload_tree(self.local, self.workdir)
+      trees.upload(self.local, self.workdir)
