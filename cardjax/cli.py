@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.error(f"unrecognized arguments: {' '.join(unknown)}")
   logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                       format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-  for noisy in ("absl", "jax._src", "orbax"):
+  # fsspec logs at INFO for every bucket file it opens (its read-ahead cache).
+  for noisy in ("absl", "jax._src", "orbax", "fsspec"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
   module = importlib.import_module(command.module)
   try:

@@ -39,20 +39,30 @@ def run(args) -> None:
     _generate(args, mesh)
 
 
+def _read_prompts(args) -> list[str]:
+  """--prompt, or the non-blank lines of the --prompts file (local, gs:// or s3://)."""
+  if args.prompt is not None:
+    texts = [args.prompt]
+  else:
+    path = checked_path(args.prompts)
+    if not path.is_file():
+      raise CardjaxError(f"--prompts {args.prompts} does not exist; give a file with one "
+                         "prompt a line")
+    texts = [line for line in path.read_text().splitlines() if line.strip()]
+  if not texts or not all(texts):
+    raise CardjaxError("give a non-empty --prompt or a --prompts file with one prompt a line")
+  return texts
+
+
 def _generate(args, mesh) -> None:
   from cardjax.decoding.cli import options_from_args, resolve_block
   from cardjax.decoding.methods import make_decoder
   from cardjax.restore import load_run
 
+  texts = _read_prompts(args)  # a bad prompts file fails before minutes of restoring
   run = load_run(args.checkpoint, mesh=mesh, tokenizer=args.tokenizer,
                  objective=args.objective, method=args.method)
   tokenizer = run.tokenizer
-  if args.prompt is not None:
-    texts = [args.prompt]
-  else:
-    texts = [line for line in checked_path(args.prompts).read_text().splitlines() if line.strip()]
-  if not texts or not all(texts):
-    raise CardjaxError("give a non-empty --prompt or a --prompts file with one prompt a line")
   if args.chat:
     texts = [tokenizer.render_chat([{"role": "user", "content": t}], add_generation_prompt=True)
              for t in texts]

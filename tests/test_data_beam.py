@@ -100,3 +100,32 @@ def test_sft_jsonl_beam_build_equals_single_process_build(tmp_path):
     beam = builders.load_source("sft_jsonl", split, tmp_path / "beam", **options)
     assert len(single) == len(beam) > 0
     assert [beam[i] for i in range(len(beam))] == [single[i] for i in range(len(single))]
+
+
+def test_sft_jsonl_beam_build_that_lost_records_fails(tmp_path, monkeypatch):
+  """As text_corpus: the workers' count of conversations read must equal what was stored."""
+  import json
+
+  from cardjax.data.builders import sft_jsonl
+  from cardjax.errors import CardjaxError
+
+  counts = sft_jsonl.beam_counts
+
+  def one_more_read(result, prefix):  # as if a worker's output had been dropped
+    found = counts(result, prefix)
+    found["train"]["read"] += 1
+    return found
+
+  monkeypatch.setattr(sft_jsonl, "beam_counts", one_more_read)
+  (tmp_path / "sft").mkdir()
+  for f in range(2):
+    lines = [{"prompt": f"q{f}.{i}", "response": f"a{f}.{i}"} for i in range(5)]
+    (tmp_path / "sft" / f"{f}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+  options = {"paths": str(tmp_path / "sft" / "*.jsonl")}
+  with pytest.raises(CardjaxError, match=r"dataset sft_jsonl: the Beam build stored 10 "
+                                         r"examples of split train but its workers read 11; "
+                                         r".*build again"):
+    builders.build("sft_jsonl", tmp_path / "tfds", beam_runner="DirectRunner",
+                   beam_options="--direct_running_mode=in_memory", **options)
+  with pytest.raises(CardjaxError, match="is not built"):  # nothing half-made is used
+    builders.load_source("sft_jsonl", "train", tmp_path / "tfds", **options)

@@ -142,8 +142,17 @@ def test_sft_packing_and_overflow(tok, caplog):
   # Repeated without end, a split that drops everything is an error, not an endless search.
   endless = PipelineSpec(mode="sft", seq_len=16, batch_size=2, num_epochs=0, packing=False,
                          sft_overflow="drop")
-  with pytest.raises(CardjaxError, match="every conversation of the split is dropped"):
+  with pytest.raises(CardjaxError, match="every conversation of the split is dropped.*"
+                                         "set data.sft_overflow=truncate"):
     next(iter(make_dataset(CHATS, tok, endless, 0, 1)))
+  # Truncated, a prompt that fills seq_len still leaves no response token: truncating is
+  # then no fix to suggest.
+  prompts_fill = PipelineSpec(mode="sft", seq_len=4, batch_size=2, num_epochs=0,
+                              packing=False, sft_overflow="truncate")
+  with pytest.raises(CardjaxError, match=r"\(data.sft_overflow='truncate'\); raise "
+                                         r"data.seq_len or use a split with shorter prompts") as e:
+    next(iter(make_dataset(CHATS, tok, prompts_fill, 0, 1)))
+  assert "set data.sft_overflow" not in str(e.value)
 
 
 @pytest.mark.parametrize("mode,source,workers", [("pretrain", TEXT_SOURCE, 0),

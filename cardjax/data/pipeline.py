@@ -154,11 +154,16 @@ class ChatRow(grain_exp.FlatMapTransform):
     rows = self._rows(example)
     self.dropped_in_a_row = 0 if rows else self.dropped_in_a_row + 1
     if self.epoch_size and self.dropped_in_a_row > self.epoch_size:
+      # Truncating still drops a conversation whose prompt alone fills seq_len: then
+      # sft_overflow=truncate is no fix to suggest.
+      fix = ("raise data.seq_len or use a split with shorter prompts"
+             if self.spec.sft_overflow == "truncate" else
+             "raise data.seq_len, set data.sft_overflow=truncate, or use a split with shorter "
+             "conversations")
       raise CardjaxError(
           f"every conversation of the split is dropped: none fits data.seq_len="
           f"{self.spec.seq_len} with a response token left (data.sft_overflow="
-          f"{self.spec.sft_overflow!r}); raise data.seq_len, set data.sft_overflow=truncate, "
-          "or use a split with shorter conversations")
+          f"{self.spec.sft_overflow!r}); {fix}")
     return rows
 
   def _rows(self, example):

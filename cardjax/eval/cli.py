@@ -65,6 +65,9 @@ def run(args) -> int:
   from cardjax.restore import checkpoints_dir
 
   tasks.check_args(args)
+  if args.out:  # a bucket that cannot take the report fails now, not after the evaluation
+    from cardjax.storage import check
+    check(args.out)
   pattern, rows = None, None
   if args.task == "jsonl":  # every line checked before minutes go into loading
     from cardjax.eval import jsonl

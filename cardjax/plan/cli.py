@@ -34,7 +34,7 @@ def before_jax(args) -> None:
 
 def run(args) -> int:
   import json
-  from cardjax.storage import checked_path
+  from cardjax.storage import check, checked_path
 
   from cardjax.config import load_config
   from cardjax.plan import report, run_plan
@@ -42,6 +42,8 @@ def run(args) -> int:
   config = load_config(args.config, args.overrides)
   if not 0 < args.mfu <= 1:
     raise CardjaxError(f"--mfu={args.mfu} must lie in (0, 1] (e.g. 0.4 for 40%)")
+  if args.json:  # a bucket that cannot take the JSON fails now, not after the compiles
+    check(args.json)
   plans = run_plan(config, args.topology, search=not args.no_search)
   print(report(config, plans, args.mfu))
   if args.json:

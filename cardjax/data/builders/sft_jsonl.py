@@ -23,7 +23,8 @@ import tensorflow_datasets as tfds
 
 from cardjax.data.builders.common import (LOG, ConversationBuilder, PathsConfig, in_validation,
                                           nonempty_splits)
-from cardjax.data.builders.text_corpus import match_files, parse_json_line
+from cardjax.data.builders.text_corpus import (beam_counts, check_beam_stored, match_files,
+                                               parse_json_line)
 from cardjax.data.files import open_binary
 from cardjax.errors import CardjaxError
 
@@ -96,8 +97,19 @@ def conversations(files, split: str, percent: int):
                               "answer": answer}
 
 
+# Beam counters of the conversations read: namespace BEAM_COUNTERS/SPLIT, name "read".
+BEAM_COUNTERS = "cardjax.sft_jsonl"
+
+
 def _beam_file_conversations(path_rel, split: str, percent: int):
-  return conversations([tuple(path_rel)], split, percent)
+  """conversations of one file on a Beam worker, counted in Beam's metrics."""
+  from apache_beam.metrics import Metrics
+
+  count = 0
+  for item in conversations([tuple(path_rel)], split, percent):
+    count += 1
+    yield item
+  Metrics.counter(f"{BEAM_COUNTERS}/{split}", "read").inc(count)
 
 
 def beam_conversations(files, split: str, percent: int):
@@ -141,6 +153,15 @@ class SftJsonl(ConversationBuilder):
     if self.use_beam:
       return {s: beam_conversations(files, s, cfg.validation_percent) for s in splits}
     return {s: self._generate_examples(files, s) for s in splits}
+
+  def _process_pipeline_result(self, pipeline_result) -> None:
+    self._beam_read = {split: counts.get("read")
+                       for split, counts in beam_counts(pipeline_result, BEAM_COUNTERS).items()}
+
+  def _download_and_prepare(self, dl_manager, download_config) -> None:
+    super()._download_and_prepare(dl_manager, download_config)
+    if self.use_beam:  # as text_corpus: a runner that lost work fails the build
+      check_beam_stored(self, self._beam_read)
 
   def _generate_examples(self, files, split):
     count = 0

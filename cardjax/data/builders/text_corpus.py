@@ -203,18 +203,32 @@ def _beam_file_examples(path_rel, split: str, text_field: str, on_decode_error: 
     Metrics.counter(f"{BEAM_COUNTERS}/{split}", name).inc(value)
 
 
-def beam_counts(pipeline_result) -> dict[str, dict[str, int]]:
-  """{split: {files, examples, ...}} from the counters of a finished Beam build."""
+def beam_counts(pipeline_result, prefix: str = BEAM_COUNTERS) -> dict[str, dict[str, int]]:
+  """{split: {files, examples, ...}} from the counters (namespace PREFIX/SPLIT) of a
+  finished Beam build."""
   from apache_beam.metrics.metric import MetricsFilter
 
   found = collections.defaultdict(dict)
   counters = pipeline_result.metrics().query(MetricsFilter())["counters"]
   for counter in counters:
     namespace = counter.key.metric.namespace
-    if namespace.startswith(BEAM_COUNTERS + "/"):
+    if namespace.startswith(prefix + "/"):
       split = namespace.split("/", 1)[1]
       found[split][counter.key.metric.name] = int(counter.committed or counter.attempted)
   return dict(found)
+
+
+def check_beam_stored(builder, read: dict[str, int | None]) -> None:
+  """Every example the Beam workers read (`read`: {split: count}, from their counters) was
+  stored: so a runner that lost or repeated work fails the build, before its
+  dataset_info.json is written (then nothing half-made is used), instead of leaving a
+  short corpus."""
+  for split, info in builder.info.splits.items():
+    if read.get(split) != info.num_examples:
+      raise CardjaxError(
+          f"dataset {builder.name}: the Beam build stored {info.num_examples} examples of "
+          f"split {split} but its workers read {read.get(split)}; the runner lost or "
+          "repeated work: build again (the unfinished build is not used)")
 
 
 def beam_examples(files, split: str, text_field: str, on_decode_error: str):
@@ -303,15 +317,7 @@ class FileCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     super()._download_and_prepare(dl_manager, download_config)
     if not self.use_beam:
       return
-    # Every example read must be stored: checked against the workers' own counts, so a
-    # runner that lost work fails the build instead of leaving a short corpus.
-    for split, info in self.info.splits.items():
-      read = self.info.metadata.get(split, {}).get("examples")
-      if read != info.num_examples:
-        raise CardjaxError(
-            f"dataset {self.name}: the Beam build stored {info.num_examples} examples of "
-            f"split {split} but its workers read {read}; the runner lost or repeated work: "
-            "build again (the unfinished build is not used)")
+    check_beam_stored(self, {s: c.get("examples") for s, c in self.info.metadata.items()})
 
   def _generate_examples(self, files, split):
     stats = collections.Counter()
