@@ -49,3 +49,37 @@ def test_upload_sends_the_marker_last_and_download_checks_the_copy(tmp_path, mon
     trees.download(f"{root}/b", tmp_path / "copy", sizes)
     assert (tmp_path / "copy" / "z.bin").read_bytes() == b"z.bin" * 100
     assert sorted(p.name for p in tmp_path.iterdir()) == ["build", "copy"]  # no temporaries
+
+
+# Two processes of one host copying the same bucket folder and file, again and again (as
+# launch/local.sh's processes do with a bucket tokenizer or init_from).
+_COPIER = """
+import sys
+from cardjax.storage.transfer import cached_copy
+for _ in range(15):
+  folder = cached_copy(sys.argv[1])
+  assert sorted(p.name for p in folder.iterdir()) == ["a.json", "b.bin"], folder
+  assert (folder / "b.bin").read_bytes() == b"b" * 50000
+  assert cached_copy(sys.argv[2]).read_bytes() == b"c" * 30000
+"""
+
+
+def test_processes_sharing_a_cached_copy_never_see_each_others_partial_copy(tmp_path):
+  import os
+  import subprocess
+  import sys
+
+  local = tmp_path / "tok"
+  local.mkdir()
+  (local / "a.json").write_text("{}")
+  (local / "b.bin").write_bytes(b"b" * 50000)
+  (tmp_path / "c.bin").write_bytes(b"c" * 30000)
+  with emulated("s3") as (env, root):
+    trees.upload(local, f"{root}/tok")
+    trees.filesystem(root).put_file(str(tmp_path / "c.bin"), f"{root}/c.bin")
+    env = {**os.environ, **env, "CARDJAX_CACHE": str(tmp_path / "cache")}
+    env.pop("CARDJAX_STAGING_DIR", None)
+    procs = [subprocess.Popen([sys.executable, "-c", _COPIER, f"{root}/tok", f"{root}/c.bin"],
+                              env=env, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors

@@ -65,17 +65,26 @@ def copy_file(source: str | os.PathLike, target: str | os.PathLike) -> None:
 
 def cached_copy(path: str | os.PathLike) -> Path:
   """A local path holding `path`, kept (for what holds on to its folder, e.g. a tokenizer):
-  `path` itself when local, else a fresh download into its staging folder."""
+  `path` itself when local, else a copy in its staging folder (downloaded again when its
+  files differ in size from the bucket's)."""
   if not is_remote(path):
     return Path(resolve(path))
   remote = checked_path(path)
   if not remote.exists():
     raise CardjaxError(f"{resolve(path)} does not exist")
+  # Processes on one host (launch/local.sh's, serve beside eval) share this folder: a copy
+  # lands whole by one rename, never by clearing the folder another process reads from.
   target = staging_dir(resolve(path)) / "copy" / remote.name
-  shutil.rmtree(target.parent, ignore_errors=True)
-  target.parent.mkdir(parents=True)
+  target.parent.mkdir(parents=True, exist_ok=True)
   if remote.is_dir():
-    trees.download(str(remote), target)
+    trees.download(str(remote), target)  # size-checked, renamed into place
   else:
-    target.write_bytes(remote.read_bytes())
+    fd, tmp = tempfile.mkstemp(prefix=".download-", dir=target.parent)
+    try:
+      with os.fdopen(fd, "wb") as f:
+        f.write(remote.read_bytes())
+      os.replace(tmp, target)
+    finally:
+      if os.path.exists(tmp):
+        os.unlink(tmp)
   return target
