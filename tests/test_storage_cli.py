@@ -14,8 +14,7 @@ from cardjax.cli import main
 from cardjax.config import load_config
 from cardjax.data.prepare import prepare
 from cardjax.demo import SFT
-from cardjax.storage import as_path
-from cardjax.storage.transfer import download_tree, files_under
+from cardjax.storage import as_path, trees
 from cardjax.train import train
 from cloud_emulators import emulated
 from launch_helpers import ROOT, checkout_env, cli
@@ -43,7 +42,7 @@ def buckets(tmp_path_factory):
     out = {"tmp": tmp}
     for scheme, root in (("gs", gs), ("s3", s3)):
       train(config, f"{root}/run")
-      download_tree(f"{root}/run", tmp / f"local-{scheme}")
+      trees.download(f"{root}/run", tmp / f"local-{scheme}")
       out[scheme] = root
     yield out
 
@@ -204,7 +203,7 @@ def test_demo_writes_every_artefact_to_a_bucket(scheme, tmp_path):
                 tmp_path, timeout=900)
     assert f"every artefact is under {workdir}" in done.stdout
     report = json.loads((as_path(workdir) / "report.json").read_text())
-    files = {rel for rel, _ in files_under(as_path(workdir))}
+    files = set(trees.listing(workdir))
   assert report["orbax_max_abs_diff"] == 0.0 and report["data_resume_exact"] is True
   assert set(report["training"]) == {"ar", "card", "sft", "mars"}
   for name in report["training"]:
