@@ -29,7 +29,7 @@ class Settings:
   decoding: argparse.Namespace  # add_decoding_arguments' flags, parsed
 
 
-def _parser() -> argparse.ArgumentParser:
+def decoding_parser() -> argparse.ArgumentParser:
   from cardjax.decoding.cli import add_decoding_arguments
   p = argparse.ArgumentParser(add_help=False)
   add_decoding_arguments(p)
@@ -42,7 +42,7 @@ def parse(model_args: dict) -> Settings:
   args = dict(model_args)
   for key in IGNORED:
     args.pop(key, None)
-  decoding = _parser().parse_args([])
+  decoding = decoding_parser().parse_args([])
   known = sorted(set(OWN) | set(vars(decoding)))
   own = dict(OWN)
   for key, value in args.items():
