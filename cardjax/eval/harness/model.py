@@ -16,6 +16,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 
+import lm_eval.models  # noqa: F401 (lm-eval's own models, lazily: else its registry
+# would hold `cardjax` alone and never load them)
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm

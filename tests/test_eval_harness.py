@@ -1,0 +1,174 @@
+"""`cardjax eval --harness`: lm-eval-harness's `cardjax` model scores and generates as
+lm-eval's own `hf` model does on the `cardjax export-hf` folder of the same checkpoint
+(a tiny MARS run, tests/serve_helpers.py), and MARS decodes the same completions as AR.
+
+Every task is local (YAML and JSONL in a temporary folder) and nothing reaches a hub.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from serve_helpers import TEXTS, mars_run
+from test_serve_lm_eval import DOCS
+
+# nats per request, relative to max(1, |log-likelihood|): the JAX forward and transformers'
+# torch forward are the same fp32 model summed in different orders (test_serve_lm_eval.py).
+TOLERANCE = 1e-4
+# Documents of the rolling task: one longer than the model's 128-token context, so it is
+# scored in several windows.
+ROLLING = ["alpha beta gamma delta", "one two three four five six seven",
+           " ".join(TEXTS[:14]), "six five four three two one"]
+PROMPTS = ["alpha beta", "one two three", "gamma", "five six", "delta epsilon alpha",
+           "two", "beta gamma delta", "four five"]
+
+
+def _tasks(folder):
+  """tiny_mc (multiple choice), tiny_roll (loglikelihood_rolling), tiny_gen (generate_until)
+  in `folder`."""
+  folder.mkdir()
+  docs = {"mc": DOCS, "roll": [{"text": t} for t in ROLLING],
+          "gen": [{"prompt": p} for p in PROMPTS]}
+  for name, rows in docs.items():
+    (folder / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in rows))
+  common = "dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {}\n" \
+           f"  cache_dir: {folder / 'cache'}\ntest_split: test\n"
+  (folder / "tiny_mc.yaml").write_text(f"""task: tiny_mc
+{common.format(folder / 'mc.jsonl')}output_type: multiple_choice
+doc_to_text: "{{{{q}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: gold
+metric_list:
+  - metric: acc
+""")
+  (folder / "tiny_roll.yaml").write_text(f"""task: tiny_roll
+{common.format(folder / 'roll.jsonl')}output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: word_perplexity
+""")
+  (folder / "tiny_gen.yaml").write_text(f"""task: tiny_gen
+{common.format(folder / 'gen.jsonl')}output_type: generate_until
+doc_to_text: "{{{{prompt}}}}"
+doc_to_target: ""
+generation_kwargs:
+  until: ["<|im_end|>", "zzz"]
+  do_sample: false
+  max_gen_toks: 12
+metric_list:
+  - metric: exact_match
+""")
+  return folder
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+  """(run, its export-hf folder, the tasks folder), offline."""
+  mp = pytest.MonkeyPatch()
+  for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    mp.setenv(key, "1")
+  root = tmp_path_factory.mktemp("harness")
+  run = mars_run(root)
+  hf = root / "hf"
+  subprocess.run([sys.executable, "-m", "cardjax.cli", "export-hf", str(run / "checkpoints"),
+                  str(hf)], check=True, capture_output=True)
+  yield run, hf, _tasks(root / "tasks")
+  mp.undo()
+
+
+def _evaluate(model, model_args: dict, folder, names):
+  """lm-eval's output dict with every sample."""
+  import lm_eval
+  from lm_eval.tasks import TaskManager
+
+  import cardjax.eval.harness.model  # noqa: F401 (registers `cardjax`)
+
+  tasks = TaskManager(include_path=str(folder), include_defaults=False)
+  return lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=names,
+                                 task_manager=tasks, log_samples=True, bootstrap_iters=0)
+
+
+def _responses(out, task) -> dict:
+  return {s["doc_id"]: s["filtered_resps"] for s in out["samples"][task]}
+
+
+HF_ARGS = {"dtype": "float32", "device": "cpu", "batch_size": 4}
+
+
+def test_scores_as_the_hf_model(setup):
+  run, hf, folder = setup
+  names = ["tiny_mc", "tiny_roll"]
+  ref = _evaluate("hf", {"pretrained": str(hf), **HF_ARGS}, folder, names)
+  got = _evaluate("cardjax", {"checkpoint": str(run), "batch_size": 4}, folder, names)
+  assert got["results"]["tiny_mc"]["acc,none"] == ref["results"]["tiny_mc"]["acc,none"]
+  worst = 0.0
+  for task in names:
+    mine, theirs = _responses(got, task), _responses(ref, task)
+    assert sorted(mine) == sorted(theirs) and len(mine) > 3
+    for doc, choices in theirs.items():
+      for a, b in zip(mine[doc], choices, strict=True):
+        a, b = (a, b) if task == "tiny_mc" else ((a,), (b,))
+        gap = abs(a[0] - b[0]) / max(1.0, abs(b[0]))
+        worst = max(worst, gap)
+        assert gap < TOLERANCE, (task, doc, a, b)
+        assert a[1:] == b[1:], (task, doc)  # is-greedy of each choice
+  print(f"largest relative log-likelihood difference {worst:.1e}")
+
+
+def test_generates_as_the_hf_model(setup):
+  run, hf, folder = setup
+  ref = _evaluate("hf", {"pretrained": str(hf), **HF_ARGS}, folder, ["tiny_gen"])
+  got = _evaluate("cardjax", {"checkpoint": str(run), "batch_size": 4, "method": "ar"},
+                  folder, ["tiny_gen"])
+  mine, theirs = _responses(got, "tiny_gen"), _responses(ref, "tiny_gen")
+  assert mine == theirs
+  assert any(r[0] for r in mine.values())  # something was generated
+
+
+def _cli(run, folder, out, *flags):
+  from cardjax.cli import main
+
+  assert main(["eval", "--checkpoint", str(run), "--harness", "tiny_gen", "--include-path",
+               str(folder), "--batch-size", "4", "--bootstrap-iters", "0", "--log-samples",
+               "--output", str(out), *flags]) == 0
+  data = json.loads(out.read_text())
+  return ({s["doc_id"]: s["filtered_resps"] for s in data["samples"]["tiny_gen"]},
+          data["results"]["tiny_gen"]["cardjax"])
+
+
+def test_mars_decodes_as_ar_and_reports_speed(setup, tmp_path, capsys):
+  run, _, folder = setup
+  ar, ar_block = _cli(run, folder, tmp_path / "ar.json")
+  assert ar_block["method"] == "ar" and ar_block["generate_until"]["tokens_per_forward"] == 1.0
+  assert "tiny_gen" in capsys.readouterr().out  # lm-eval's table
+  for flags in (["--tau", "1.0"], ["--verify"]):
+    got, block = _cli(run, folder, tmp_path / "mars.json", "--method", "mars", *flags)
+    assert got == ar, flags
+    assert block["method"] == "mars" and block["options"]["block"] == 4  # the run's B
+  _, fast = _cli(run, folder, tmp_path / "fast.json", "--method", "mars", "--tau", "0.5")
+  g = fast["generate_until"]
+  assert g["requests"] == len(PROMPTS) and g["tokens"] > 0 and g["seconds"] > 0
+  assert g["tokens_per_forward"] >= 1.0 and fast["machine"]["cores"] >= 1
+  print(f"MARS tau 0.5: {g['tokens_per_forward']:.2f} tokens per forward")
+
+
+def test_bad_inputs_are_one_clear_error(setup, monkeypatch, capsys):
+  from cardjax.cli import main
+
+  run, _, folder = setup
+  args = ["eval", "--checkpoint", str(run), "--include-path", str(folder), "--harness"]
+  cases = [  # (flags, the one line on stderr)
+      (["tiny_gne"], "unknown lm-eval task 'tiny_gne' (close: tiny_gen"),
+      (["tiny_gen", "--method", "card"], "cannot serve --method card; methods that fit: ar, "
+                                         "mars"),
+  ]
+  for flags, message in cases:
+    assert main([*args, *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+  monkeypatch.setitem(sys.modules, "lm_eval", None)  # as if it were not installed
+  assert main([*args, "tiny_gen"]) == 2
+  assert "pip install 'cardjax[eval]'" in capsys.readouterr().err
