@@ -17,10 +17,10 @@ from test_serve_lm_eval import DOCS
 # nats per request, relative to max(1, |log-likelihood|): the JAX forward and transformers'
 # torch forward are the same fp32 model summed in different orders (test_serve_lm_eval.py).
 TOLERANCE = 1e-4
-# Documents of the rolling task: one longer than the model's 128-token context, so it is
-# scored in several windows.
+# Documents of the rolling task: one over twice the model's 128-token context, so it is
+# scored in three windows.
 ROLLING = ["alpha beta gamma delta", "one two three four five six seven",
-           " ".join(TEXTS[:14]), "six five four three two one"]
+           " ".join(TEXTS[:40]), "six five four three two one"]
 PROMPTS = ["alpha beta", "one two three", "gamma", "five six", "delta epsilon alpha",
            "two", "beta gamma delta", "four five"]
 
@@ -99,7 +99,10 @@ HF_ARGS = {"dtype": "float32", "device": "cpu", "batch_size": 4}
 
 
 def test_scores_as_the_hf_model(setup):
+  import transformers
+
   run, hf, folder = setup
+  assert len(transformers.AutoTokenizer.from_pretrained(str(hf)).encode(ROLLING[2])) > 256
   names = ["tiny_mc", "tiny_roll"]
   ref = _evaluate("hf", {"pretrained": str(hf), **HF_ARGS}, folder, names)
   got = _evaluate("cardjax", {"checkpoint": str(run), "batch_size": 4}, folder, names)
@@ -169,6 +172,46 @@ def test_bad_inputs_are_one_clear_error(setup, monkeypatch, capsys):
     assert main([*args, *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err, err
+  # A masked diffusion checkpoint has no AR-order likelihood (its ELBO is not estimated).
+  from types import SimpleNamespace
+
+  from cardjax.errors import CardjaxError
+  from cardjax.eval.harness.model import CardjaxLM
+  lm = CardjaxLM.__new__(CardjaxLM)
+  lm.run, lm.settings = SimpleNamespace(objective="mdlm"), SimpleNamespace(checkpoint="m")
+  for request in (lm.loglikelihood, lm.loglikelihood_rolling):
+    with pytest.raises(CardjaxError, match="ELBO .* not yet supported, run generate_until"):
+      request([])
   monkeypatch.setitem(sys.modules, "lm_eval", None)  # as if it were not installed
   assert main([*args, "tiny_gen"]) == 2
   assert "pip install 'cardjax[eval]'" in capsys.readouterr().err
+
+
+def test_shipped_tasks_run_offline_with_the_chat_template(setup, tmp_path):
+  """arith_sft and arith_mc load from the package (no --include-path, no download); with
+  --apply-chat-template the arith prompt is `cardjax eval --task arith`'s: the question as
+  the user turn of the checkpoint's chat template."""
+  from cardjax import checkpoint
+  from cardjax.cli import main
+  from cardjax.eval.harness import documents
+
+  run, _, _ = setup
+  assert documents.write_arith_mc(tmp_path / "mc.jsonl").read_text() == \
+      (documents.TASKS / "arith_mc.jsonl").read_text()  # the shipped file is regenerable
+  out = tmp_path / "shipped.json"
+  assert main(["eval", "--checkpoint", str(run), "--harness", "arith_sft,arith_mc",
+               "--limit", "2", "--apply-chat-template", "--gen-kwargs", "max_gen_toks=8",
+               "--bootstrap-iters", "0", "--log-samples", "--output", str(out)]) == 0
+  data = json.loads(out.read_text())
+  tok = checkpoint.load_tokenizer(run / "checkpoints", checkpoint.read_model_config(
+      run / "checkpoints", 0))
+  test = documents.arith_sft()["test"]
+  for s in data["samples"]["arith_sft"]:
+    question = test[s["doc_id"]]["question"]
+    assert s["arguments"][0][0] == tok.render_chat(
+        [{"role": "user", "content": question}], add_generation_prompt=True)
+  results = data["results"]
+  assert {"exact_match,strict-match", "exact_match,flexible-extract"} <= set(results["arith_sft"])
+  assert "acc,none" in results["arith_mc"]
+  assert results["arith_sft"]["cardjax"]["generate_until"]["requests"] == 2
+  assert results["arith_mc"]["cardjax"]["loglikelihood"]["requests"] == 8  # 2 docs x 4
