@@ -67,6 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  help="render prompts with the checkpoint's chat template (as lm_eval's flag)")
   g.add_argument("--gen-kwargs", default="",
                  help="override the tasks' generation settings, e.g. max_gen_toks=256")
+  g.add_argument("--confirm-run-unsafe-code", action="store_true",
+                 help="let tasks that run the generated code (humaneval, mbpp) run it")
   g.add_argument("--log-samples", action="store_true",
                  help="keep every request and response in the JSON")
   g.add_argument("--bootstrap-iters", type=int, default=100000,

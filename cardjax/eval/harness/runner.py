@@ -84,7 +84,8 @@ def evaluate(args) -> dict:
       model=lm, tasks=names, task_manager=tasks, num_fewshot=args.num_fewshot,
       limit=_limit(args.limit), apply_chat_template=args.apply_chat_template,
       fewshot_as_multiturn=args.apply_chat_template, gen_kwargs=args.gen_kwargs or None,
-      log_samples=args.log_samples, bootstrap_iters=args.bootstrap_iters)
+      log_samples=args.log_samples, bootstrap_iters=args.bootstrap_iters,
+      confirm_run_unsafe_code=args.confirm_run_unsafe_code)
   print(make_table(out))
   if out.get("groups"):
     print(make_table(out, "groups"))
