@@ -151,11 +151,14 @@ def test_mars_decodes_as_ar_and_reports_speed(setup, tmp_path, capsys):
     got, block = _cli(run, folder, tmp_path / "mars.json", "--method", "mars", *flags)
     assert got == ar, flags
     assert block["method"] == "mars" and block["options"]["block"] == 4  # the run's B
-  _, fast = _cli(run, folder, tmp_path / "fast.json", "--method", "mars", "--tau", "0.5")
+  # The untrained model's drafts pass a low threshold only (tau 0.5 accepts one token a
+  # forward; 0.05 about two): what is checked is that the JSON reports it.
+  _, fast = _cli(run, folder, tmp_path / "fast.json", "--method", "mars", "--tau", "0.05")
   g = fast["generate_until"]
   assert g["requests"] == len(PROMPTS) and g["tokens"] > 0 and g["seconds"] > 0
-  assert g["tokens_per_forward"] >= 1.0 and fast["machine"]["cores"] >= 1
-  print(f"MARS tau 0.5: {g['tokens_per_forward']:.2f} tokens per forward")
+  assert g["tokens_per_forward"] > 1.0 and fast["machine"]["cores"] >= 1
+  assert fast["options"]["tau"] == 0.05
+  print(f"MARS tau 0.05: {g['tokens_per_forward']:.2f} tokens per forward")
 
 
 def test_bad_inputs_are_one_clear_error(setup, monkeypatch, capsys):
