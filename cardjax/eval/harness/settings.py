@@ -66,8 +66,8 @@ def parse(model_args: dict) -> Settings:
 def _typed(key: str, value, default):
   """`value` (a string from the command line, or already typed by lm-eval) as the type of
   the flag's default."""
-  if key == "batch_size" and value == "auto":
-    return value  # lm-eval's own batch-size search: cardjax uses its default
+  if key == "batch_size" and str(value).startswith("auto"):
+    return "auto"  # lm-eval's batch-size search ("auto", "auto:N"): cardjax's default
   kind = type(default)
   if kind is bool:
     if isinstance(value, bool):
