@@ -5,6 +5,7 @@ lm-eval's own `hf` model does on the `cardjax export-hf` folder of the same chec
 Every task is local (YAML and JSONL in a temporary folder) and nothing reaches a hub.
 """
 
+import itertools
 import json
 import subprocess
 import sys
@@ -175,15 +176,15 @@ def test_bad_inputs_are_one_clear_error(setup, monkeypatch, capsys):
     assert main([*args, *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err, err
-  # A masked diffusion checkpoint has no AR-order likelihood (its ELBO is not estimated).
+  # A block diffusion checkpoint has neither an AR-order likelihood nor an ELBO estimate.
   from types import SimpleNamespace
 
   from cardjax.errors import CardjaxError
   from cardjax.eval.harness.model import CardjaxLM
   lm = CardjaxLM.__new__(CardjaxLM)
-  lm.run, lm.settings = SimpleNamespace(objective="mdlm"), SimpleNamespace(checkpoint="m")
+  lm.run, lm.settings = SimpleNamespace(objective="bd3lm"), SimpleNamespace(checkpoint="b")
   for request in (lm.loglikelihood, lm.loglikelihood_rolling):
-    with pytest.raises(CardjaxError, match="ELBO .* not yet supported, run generate_until"):
+    with pytest.raises(CardjaxError, match="nor an ELBO estimate .* run generate_until"):
       request([])
   monkeypatch.setitem(sys.modules, "lm_eval", None)  # as if it were not installed
   assert main([*args, "tiny_gen"]) == 2
@@ -218,3 +219,82 @@ def test_shipped_tasks_run_offline_with_the_chat_template(setup, tmp_path):
   assert "acc,none" in results["arith_mc"]
   assert results["arith_sft"]["cardjax"]["generate_until"]["requests"] == 2
   assert results["arith_mc"]["cardjax"]["loglikelihood"]["requests"] == 8  # 2 docs x 4
+
+
+def _mdlm_run(root):
+  """The tiny model saved as an MDLM training run (objective mdlm, shift off)."""
+  import orbax.checkpoint as ocp
+  from flax import nnx
+
+  from cardjax import checkpoint
+  from cardjax.config import base_config
+  from cardjax.data.tokenizer import load_tokenizer
+  from cardjax.model import ModelConfig, create_model
+
+  tok = load_tokenizer(root / "tok")
+  model = create_model(ModelConfig(vocab_size=320, hidden_size=32, intermediate_size=64,
+                                   num_layers=2, num_heads=4, num_kv_heads=2,
+                                   initializer_range=0.3, max_position_embeddings=128,
+                                   mask_token_id=tok.mask_id, eos_token_id=tok.eos_id),
+                       seed=5)
+  config = base_config()
+  config.objective.name = "mdlm"
+  ckpt = root / "mdlm" / "checkpoints"
+  with checkpoint.manager(ckpt) as mngr:
+    mngr.save(0, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(nnx.to_pure_dict(nnx.state(model, nnx.Param))),
+        model_config=ocp.args.JsonSave(model.cfg.to_dict()),
+        config=ocp.args.JsonSave(config.to_dict())))
+    mngr.wait_until_finished()
+  checkpoint.copy_assets(ckpt, root / "tok")
+  return root / "mdlm", model
+
+
+def test_mdlm_scores_its_elbo(setup):
+  """One masked token: every draw masks it, so the estimate is exactly its log-prob under
+  the bidirectional forward. Two: the mean of 512 draws lies within four standard errors
+  of the ELBO enumerated over every mask (l = 1: either token, weight 2; l = 2: both)."""
+  from types import SimpleNamespace
+
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from cardjax.attention import BIDIRECTIONAL
+  from cardjax.eval.harness.model import CardjaxLM
+
+  run, _, _ = setup
+  path, model = _mdlm_run(run.parent)
+  lm = CardjaxLM(checkpoint=str(path), method="dus", batch_size=8, elbo_draws=512)
+  mask = lm.run.model.cfg.mask_token_id
+
+  def logp(ids, masked):
+    seq = jnp.asarray([[mask if i in masked else t for i, t in enumerate(ids)]])
+    out = jax.nn.log_softmax(model(seq, mask=BIDIRECTIONAL)[0].astype(jnp.float32), -1)
+    return ({i: float(out[i, ids[i]]) for i in masked},
+            {i: int(out[i].argmax()) for i in masked})
+
+  requests = [("alpha beta", " gamma"), ("one two", " three four")]
+  pairs = [lm.encode_pair(*r) for r in requests]
+  assert len(pairs[0][1]) == 1 and len(pairs[1][1]) > 1
+  got = lm.loglikelihood([SimpleNamespace(args=r, task_name="t") for r in requests],
+                         disable_tqdm=True)
+  ids = pairs[0][0] + pairs[0][1]
+  lp, best = logp(ids, {len(ids) - 1})
+  assert abs(got[0][0] - lp[len(ids) - 1]) < 1e-4
+  assert got[0][1] == (best[len(ids) - 1] == ids[-1])
+  # Every mask of the L continuation tokens, with its probability and its draw's value.
+  ids, n = pairs[1][0] + pairs[1][1], len(pairs[1][1])
+  values, probs = [], []
+  for l in range(1, n + 1):
+    subsets = list(itertools.combinations(range(len(ids) - n, len(ids)), l))
+    for subset in subsets:
+      values.append(n / l * sum(logp(ids, set(subset))[0].values()))
+      probs.append(1 / n / len(subsets))
+  values, probs = np.asarray(values), np.asarray(probs)
+  mean = float(values @ probs)
+  error = float(np.sqrt(((values - mean) ** 2) @ probs / 512))
+  assert abs(got[1][0] - mean) < 4 * error + 1e-4, (got[1][0], mean, error)
+  print(f"ELBO {mean:.3f}, estimate {got[1][0]:.3f} (standard error {error:.3f})")
+  block = lm.report()["t"]["loglikelihood"]
+  assert block["requests"] == 2 and block["forwards"] == -(-2 * 513 // 8)

@@ -5,7 +5,8 @@
 (after `import cardjax.eval.harness.model`, which registers it; `cardjax eval --harness`
 does that). Scoring requests (loglikelihood, loglikelihood_rolling, multiple choice) are
 answered in AR order by any causal checkpoint (AR, MARS and CARD training keep the causal
-next-token head; loglik.py), whatever --method decodes. Generation decodes with --method
+next-token head; loglik.py), whatever --method decodes, and by a Monte Carlo ELBO estimate
+for MDLM checkpoints (elbo.py). Generation decodes with --method
 (generating.py). Tokenization is lm-eval's hf model's: no special tokens added, a
 context/continuation pair encoded whole and split where the context's own encoding ends,
 so a checkpoint and its `cardjax export-hf` folder get the same requests.
@@ -112,17 +113,30 @@ class CardjaxLM(LM):
   # -- scoring ------------------------------------------------------------------------------
 
   def _check_scoring(self) -> None:
+    """Scoring needs an AR-order likelihood (causal checkpoints) or the ELBO estimate
+    (MDLM); BD3LM has neither yet."""
     from cardjax.decoding.methods import SERVES
-    if "ar" not in SERVES.get(self.run.objective, ()):
+
+    objective = self.run.objective
+    if objective != "mdlm" and "ar" not in SERVES.get(objective, ()):
       raise CardjaxError(
-          f"{self.settings.checkpoint} was trained with objective {self.run.objective!r}, "
-          "which has no AR-order likelihood; loglikelihood tasks (multiple choice, "
-          "perplexity) need an AR, MARS or CARD checkpoint: the ELBO estimate of masked "
-          "diffusion models is not yet supported, run generate_until tasks only")
+          f"{self.settings.checkpoint} was trained with objective {objective!r}, which has "
+          "neither an AR-order likelihood nor an ELBO estimate in cardjax yet; "
+          "loglikelihood tasks (multiple choice, perplexity) need an AR, MARS, CARD or "
+          "MDLM checkpoint: run generate_until tasks only")
 
   def _score(self, task: str, pairs, progress=None) -> list[tuple[float, bool]]:
-    return loglik.score(self.run.frozen, pairs, self.max_length, self.batch_size,
-                        self.tokenizer.pad_id, self.ledger.scoring(task), progress)
+    """AR order for causal checkpoints (loglik.py), the ELBO estimate for MDLM ones
+    (elbo.py)."""
+    common = dict(max_length=self.max_length, batch_size=self.batch_size,
+                  pad_id=self.tokenizer.pad_id, cost=self.ledger.scoring(task),
+                  progress=progress)
+    if self.run.objective == "mdlm":
+      from cardjax.eval.harness import elbo
+      return elbo.score(self.run.frozen, pairs, mask_id=self.run.model.cfg.mask_token_id,
+                        shift=self.options.shift, draws=self.settings.elbo_draws,
+                        seed=self.settings.decoding.seed, **common)
+    return loglik.score(self.run.frozen, pairs, **common)
 
   def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
     self._check_scoring()

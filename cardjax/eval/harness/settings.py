@@ -13,7 +13,7 @@ from cardjax.errors import CardjaxError
 
 # model_args that are the LM's own, not decoding flags (value: default).
 OWN = {"checkpoint": "", "tokenizer": "", "batch_size": 8, "max_length": 0,
-       "max_gen_toks": 256}
+       "max_gen_toks": 256, "elbo_draws": 32}
 # What lm-eval passes to every model whatever the user wrote (simple_evaluate's
 # additional_config); None values are dropped by lm-eval before they reach us.
 IGNORED = ("max_batch_size", "device")
@@ -26,6 +26,7 @@ class Settings:
   batch_size: int
   max_length: int  # 0: the model's context (max_position_embeddings)
   max_gen_toks: int  # when a request names none (lm-eval's default, 256)
+  elbo_draws: int  # MDLM checkpoints: Monte Carlo mask draws per scored request (elbo.py)
   decoding: argparse.Namespace  # add_decoding_arguments' flags, parsed
 
 
@@ -57,9 +58,10 @@ def parse(model_args: dict) -> Settings:
   if not own["checkpoint"]:
     raise CardjaxError("the cardjax model needs checkpoint=RUN (a run folder or its "
                        "checkpoints/), e.g. --model_args checkpoint=runs/mars,method=mars")
-  if own["batch_size"] < 1 or own["max_gen_toks"] < 1 or own["max_length"] < 0:
-    raise CardjaxError(f"batch_size={own['batch_size']} and max_gen_toks="
-                       f"{own['max_gen_toks']} must be >= 1, max_length >= 0")
+  if min(own["batch_size"], own["max_gen_toks"], own["elbo_draws"]) < 1 or \
+     own["max_length"] < 0:
+    raise CardjaxError(f"batch_size={own['batch_size']}, max_gen_toks={own['max_gen_toks']} "
+                       f"and elbo_draws={own['elbo_draws']} must be >= 1, max_length >= 0")
   return Settings(decoding=decoding, **own)
 
 
