@@ -71,6 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  help="let tasks that run the generated code (humaneval, mbpp) run it")
   g.add_argument("--log-samples", action="store_true",
                  help="keep every request and response in the JSON")
+  g.add_argument("--elbo-draws", type=int, default=32,
+                 help="MDLM checkpoints: Monte Carlo mask draws per scored request")
   g.add_argument("--bootstrap-iters", type=int, default=100000,
                  help="bootstrap resamples of the standard errors (0: none)")
   add_decoding_arguments(p)

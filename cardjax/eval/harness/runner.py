@@ -64,7 +64,8 @@ def model_args(args) -> dict:
   from cardjax.eval.harness.settings import decoding_parser
 
   out = {k: getattr(args, k) for k in vars(decoding_parser().parse_args([]))}
-  out.update(checkpoint=args.checkpoint, tokenizer=args.tokenizer, batch_size=args.batch)
+  out.update(checkpoint=args.checkpoint, tokenizer=args.tokenizer, batch_size=args.batch,
+             elbo_draws=args.elbo_draws)
   return out
 
 
