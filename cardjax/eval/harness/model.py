@@ -1,15 +1,16 @@
 """CardjaxLM: a cardjax checkpoint as lm-eval-harness's model `cardjax`.
 
-    lm_eval --model cardjax --model_args checkpoint=RUN,method=mars,tau=0.9 --tasks ...
+    lm_eval.simple_evaluate(model="cardjax", tasks=[...],
+                            model_args="checkpoint=RUN,method=mars,tau=0.9")
 
-(after `import cardjax.eval.harness.model`, which registers it; `cardjax eval --harness`
+after `import cardjax.eval.harness.model`, which registers it (`cardjax eval --harness`
 does that). Scoring requests (loglikelihood, loglikelihood_rolling, multiple choice) are
 answered in AR order by any causal checkpoint (AR, MARS and CARD training keep the causal
 next-token head; loglik.py), whatever --method decodes, and by a Monte Carlo ELBO estimate
-for MDLM checkpoints (elbo.py). Generation decodes with --method
-(generating.py). Tokenization is lm-eval's hf model's: no special tokens added, a
-context/continuation pair encoded whole and split where the context's own encoding ends,
-so a checkpoint and its `cardjax export-hf` folder get the same requests.
+for MDLM checkpoints (elbo.py). Generation decodes with --method (generating.py).
+Tokenization is lm-eval's hf model's: no special tokens added, a context/continuation pair
+encoded whole and split where the context's own encoding ends, so a checkpoint and its
+`cardjax export-hf` folder get the same requests.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class CardjaxLM(LM):
                         "objective": self.run.objective, "method": d.method,
                         "options": options, "batch_size": self.batch_size,
                         "max_length": self.max_length, "machine": machine.describe()}
+    if self.run.objective == "mdlm":
+      self.description["elbo_draws"] = self.settings.elbo_draws
 
   # -- tokenization, as lm-eval's hf model ------------------------------------------------
 
@@ -153,13 +156,15 @@ class CardjaxLM(LM):
   def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
     self._check_scoring()
     out: list = [None] * len(requests)
+    # An AR window reads max_length tokens to score max_length (the last is only a target);
+    # an MDLM window reads all it scores, plus its one context token.
+    window = self.max_length - (self.run.objective == "mdlm")
     for task, idx in tqdm(_by_task(requests).items(), desc="loglikelihood_rolling",
                           disable=disable_tqdm):
       windows, owner = [], []
       for i in idx:
         (text,) = requests[i].args
-        got = loglik.rolling_windows(self.tok_encode(text), self.prefix_token_id,
-                                     self.max_length)
+        got = loglik.rolling_windows(self.tok_encode(text), self.prefix_token_id, window)
         windows += got
         owner += [i] * len(got)
       self.ledger.scoring(task).requests += len(idx)
