@@ -80,16 +80,19 @@ def setup(tmp_path_factory):
   mp.undo()
 
 
-def _evaluate(model, model_args: dict, folder, names):
-  """lm-eval's output dict with every sample."""
+def _evaluate(model, model_args: dict, folder, names, **options):
+  """lm-eval's output dict with every sample; the tasks from `folder` and the shipped ones;
+  `options`: more of simple_evaluate's arguments."""
   import lm_eval
   from lm_eval.tasks import TaskManager
 
   import cardjax.eval.harness.model  # noqa: F401 (registers `cardjax`)
+  from cardjax.eval.harness.documents import TASKS
 
-  tasks = TaskManager(include_path=str(folder), include_defaults=False)
+  tasks = TaskManager(include_path=[str(folder), str(TASKS)], include_defaults=False)
   return lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=names,
-                                 task_manager=tasks, log_samples=True, bootstrap_iters=0)
+                                 task_manager=tasks, log_samples=True, bootstrap_iters=0,
+                                 **options)
 
 
 def _responses(out, task) -> dict:
@@ -298,3 +301,18 @@ def test_mdlm_scores_its_elbo(setup):
   print(f"ELBO {mean:.3f}, estimate {got[1][0]:.3f} (standard error {error:.3f})")
   block = lm.report()["t"]["loglikelihood"]
   assert block["requests"] == 2 and block["forwards"] == -(-2 * 513 // 8)
+
+
+def test_arith_sft_documents_are_the_builds_problems_in_its_order(tmp_path):
+  """`cardjax eval --task arith` reads the first N problems of the built test split, which
+  tfds stores in its own order: the harness task's first N are the same N, in that order."""
+  from cardjax.data import builders
+  from cardjax.eval.harness import documents
+
+  options = {"train_size": 30, "test_size": 40, "seed": 3}
+  builders.build("arith_sft", tmp_path, **options)
+  source = builders.load_source("arith_sft", "test", tmp_path, **options)
+  built = [builders.decode(source[i]) for i in range(len(source))]
+  docs = documents.arith_sft(seed=3, test_size=40)["test"]
+  assert [d["messages"][0]["content"] for d in built] == docs["question"]
+  assert [d["answer"] for d in built] == docs["answer"]

@@ -1,11 +1,11 @@
 """The documents of the shipped tasks (tasks/*.yaml name these as `custom_dataset`), made
 on this machine: no hub, no download, no path relative to the working directory.
 
-- arith_sft: the arith_sft dataset's test split as its default build draws it
-  (cardjax/data/builders/arith_sft.py: seed 0, 500 problems from TEST_OFFSET), and the
-  first FEWSHOT problems of its train split for --num-fewshot. Problems are a pure function
-  of (seed, index) (cardjax/data/arith.py), so these are exactly the built dataset's,
-  without building it.
+- arith_sft: the arith_sft dataset's test split as its default build draws and stores it
+  (cardjax/data/builders/arith_sft.py: seed 0, 500 problems from TEST_OFFSET, in the
+  build's order), and the first FEWSHOT problems of its train split for --num-fewshot.
+  Problems are a pure function of (seed, index) (cardjax/data/arith.py) and tfds orders a
+  split by its keys' hashes, so these are exactly the built dataset's, without a build.
 - arith_mc: tasks/arith_mc.jsonl, shipped beside the YAML (write_arith_mc made it).
 """
 
@@ -39,8 +39,19 @@ def arith_sft(**metadata):
                      offset=TEST_OFFSET)
   train = arith.split(seed, FEWSHOT, exclude={p["prompt"] for p in test})
   return datasets.DatasetDict({
-      "test": datasets.Dataset.from_list([_doc(p) for p in test]),
+      "test": datasets.Dataset.from_list([_doc(p) for p in built_order(test, "test")]),
       "train": datasets.Dataset.from_list([_doc(p) for p in train])})
+
+
+def built_order(examples: list, split: str) -> list:
+  """`examples` (yielded with keys 0, 1, ...) in the order a tfds build of `split` stores
+  them: tfds writes a split sorted by a salted hash of each example's key (the salt is the
+  split's name), so `cardjax eval --task arith`'s first N problems, read from the build, are
+  these first N."""
+  from tensorflow_datasets.core import hashing
+
+  hasher = hashing.Hasher(split)
+  return [examples[i] for i in sorted(range(len(examples)), key=hasher.hash_key)]
 
 
 def arith_mc(**metadata):
