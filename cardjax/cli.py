@@ -40,7 +40,8 @@ COMMANDS = (
             config="required", overrides=True),
     Command("generate", "cardjax.generate", "decode prompts from a checkpoint"),
     Command("eval", "cardjax.eval.cli",
-            "score checkpoints: nll | arith | jsonl (docs/evaluation.md)"),
+            "score checkpoints: nll | arith | jsonl | --harness lm-eval tasks "
+            "(docs/evaluation.md)"),
     Command("import-hf", "cardjax.hf.import_cli", "Hugging Face folder -> orbax checkpoint"),
     Command("import-gguf", "cardjax.hf.gguf_cli", "llama.cpp GGUF file -> orbax checkpoint"),
     Command("export-hf", "cardjax.hf.export_cli", "orbax checkpoint -> Hugging Face folder"),

@@ -1,4 +1,5 @@
-"""`cardjax eval --checkpoint RUN --task nll|arith|jsonl [--compare RUN2] [--out FILE]`.
+"""`cardjax eval --checkpoint RUN --task nll|arith|jsonl [--compare RUN2] [--out FILE]`, or
+`cardjax eval --checkpoint RUN --harness TASKS [...]`: lm-eval-harness (eval/harness/).
 
 The decoding flags (--method, --tau, --block, ...) are `cardjax generate`'s, defined once
 (decoding/cli.py: add_decoding_arguments) and parsed once (options_from_args).
@@ -9,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cardjax.errors import CheckpointError
+from cardjax.errors import CardjaxError, CheckpointError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -19,13 +20,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
   p.add_argument("--checkpoint", required=True,
                  help="a run folder or its checkpoints/ (local, gs:// or s3://)")
-  p.add_argument("--task", required=True, help=" | ".join(TASKS))
+  which = p.add_mutually_exclusive_group(required=True)
+  which.add_argument("--task", help=" | ".join(TASKS))
+  which.add_argument("--harness", default="", metavar="TASKS",
+                     help="lm-eval-harness tasks, comma-separated (shipped: arith_sft, "
+                          "arith_mc); needs the eval extra")
   p.add_argument("--compare", default="",
                  help="a second checkpoint, evaluated with the same settings; the table and "
                       "report show both and their difference")
-  p.add_argument("--out", default="", help="write the JSON report here")
+  p.add_argument("--out", "--output", dest="out", default="",
+                 help="write the JSON report here (--harness: lm-eval's results JSON)")
   p.add_argument("--tokenizer", default="", help="HF tokenizer folder (default: the run's)")
-  p.add_argument("--batch", type=int, default=8, help="arith / jsonl: prompts decoded together")
+  p.add_argument("--batch", "--batch-size", dest="batch", type=int, default=8,
+                 help="arith / jsonl / --harness: prompts decoded (or scored) together")
   p.add_argument("--n", type=int, default=0,
                  help="arith: problems (0: 100); jsonl: the first N lines (0: all)")
   g = p.add_argument_group("nll")
@@ -50,11 +57,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  help="compare answers ignoring case, spaces, ',' '$' and a final '.'")
   g.add_argument("--no-chat", action="store_true",
                  help="feed prompts as written, not in the checkpoint's chat template")
+  g = p.add_argument_group("harness (lm-eval-harness)")
+  g.add_argument("--include-path", default="",
+                 help="a folder of your own lm-eval task YAML files")
+  g.add_argument("--num-fewshot", type=int, default=None, help="examples in each prompt")
+  g.add_argument("--limit", type=float, default=None,
+                 help="documents per task (a fraction of each when below 1)")
+  g.add_argument("--apply-chat-template", action="store_true",
+                 help="render prompts with the checkpoint's chat template (as lm_eval's flag)")
+  g.add_argument("--gen-kwargs", default="",
+                 help="override the tasks' generation settings, e.g. max_gen_toks=256")
+  g.add_argument("--confirm-run-unsafe-code", action="store_true",
+                 help="let tasks that run the generated code (humaneval, mbpp) run it")
+  g.add_argument("--log-samples", action="store_true",
+                 help="keep every request and response in the JSON")
+  g.add_argument("--elbo-draws", type=int, default=32,
+                 help="MDLM checkpoints: Monte Carlo mask draws per scored request")
+  g.add_argument("--bootstrap-iters", type=int, default=100000,
+                 help="bootstrap resamples of the standard errors (0: none)")
   add_decoding_arguments(p)
 
 
 def run(args) -> int:
-  """Evaluate --checkpoint (and --compare) on --task; print the table, write --out."""
+  """Evaluate --checkpoint (and --compare) on --task or --harness; print the table, write
+  --out."""
   import contextlib
 
   import jax
@@ -64,6 +90,8 @@ def run(args) -> int:
   from cardjax.eval import answers, tasks
   from cardjax.restore import checkpoints_dir
 
+  if getattr(args, "harness", ""):
+    return _harness(args)
   tasks.check_args(args)
   if args.out:  # a bucket that cannot take the report fails now, not after the evaluation
     from cardjax.storage import check
@@ -131,3 +159,20 @@ def _evaluate(args, paths, mesh, pattern, rows) -> dict:
   elif args.task == "arith":
     task.update(dataset="arith_sft", split="test", n=runs[0]["metrics"]["n"])
   return report.build(machine.describe(), task, settings, runs)
+
+
+def _harness(args) -> int:
+  """lm-eval-harness on one checkpoint (eval/harness/runner.py), on one device."""
+  from cardjax.eval.harness import runner
+  from cardjax.restore import checkpoints_dir
+
+  if args.compare:
+    raise CardjaxError("--compare works with --task only; run --harness once per checkpoint")
+  runner.check_installed()
+  if not checkpoints_dir(args.checkpoint).is_dir():
+    raise CheckpointError(f"checkpoint {args.checkpoint} does not exist; give a run folder "
+                          "(with checkpoints/) or a checkpoint folder")
+  out = runner.evaluate(args)
+  if args.out:
+    print(f"results: {runner.write(out, args.out)}")
+  return 0
