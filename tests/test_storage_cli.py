@@ -121,6 +121,24 @@ def test_eval_reads_a_bucket_run_and_writes_the_report_there(buckets, task, tmp_
     assert metrics["n"] == (4 if task == "arith" else 3)
 
 
+def test_harness_reads_a_bucket_run_and_writes_its_results_there(buckets, tmp_path, capsys):
+  """`cardjax eval --harness` on the s3:// run, its results JSON written to s3://: the same
+  scores and completions as on the run's local copy."""
+  s3 = buckets["s3"]
+  flags = ["--harness", "arith_mc,arith_sft", "--limit", "2", "--apply-chat-template",
+           "--gen-kwargs", "max_gen_toks=8", "--bootstrap-iters", "0", "--log-samples"]
+  out = f"{s3}/reports/harness.json"
+  _run(["eval", "--checkpoint", f"{s3}/run", *flags, "--output", out], tmp_path)
+  remote = json.loads(as_path(out).read_text())
+  _main(["eval", "--checkpoint", buckets["tmp"] / "local-s3", *flags, "--output",
+         tmp_path / "local.json"], capsys)
+  local = json.loads((tmp_path / "local.json").read_text())
+  for task in ("arith_mc", "arith_sft"):
+    assert [s["resps"] for s in remote["samples"][task]] == \
+        [s["resps"] for s in local["samples"][task]], task
+  assert remote["results"]["arith_mc"]["cardjax"]["checkpoint"] == f"{s3}/run"
+
+
 def _texts(printed: str) -> list[str]:
   """generate's output less its last line (speed, which varies)."""
   lines = printed.strip().splitlines()

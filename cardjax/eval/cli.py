@@ -169,6 +169,9 @@ def _harness(args) -> int:
   if args.compare:
     raise CardjaxError("--compare works with --task only; run --harness once per checkpoint")
   runner.check_installed()
+  if args.out:  # a bucket that cannot take the results fails now, not after the evaluation
+    from cardjax.storage import check
+    check(args.out)
   if not checkpoints_dir(args.checkpoint).is_dir():
     raise CheckpointError(f"checkpoint {args.checkpoint} does not exist; give a run folder "
                           "(with checkpoints/) or a checkpoint folder")

@@ -105,10 +105,13 @@ def _limit(limit: float | None):
   return int(limit) if limit >= 1 else limit
 
 
-def write(out: dict, path: str) -> Path:
+def write(out: dict, path: str):
+  """The results JSON at `path` (local, gs:// or s3://)."""
   from lm_eval.utils import handle_non_serializable
 
-  target = Path(path)
+  from cardjax.storage import checked_path
+
+  target = checked_path(path)
   target.parent.mkdir(parents=True, exist_ok=True)
   target.write_text(json.dumps(out, indent=2, default=handle_non_serializable,
                                ensure_ascii=False) + "\n")
