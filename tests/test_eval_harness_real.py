@@ -27,6 +27,7 @@ BASE = Path(os.environ.get("CARDJAX_SMOLLM2_BASE", ROOT / "runs/smollm2/base"))
 ROLLING_DOCS = ("docs/decoding.md", "docs/objectives.md", "README.md")
 GENERATIONS = 8  # arith_sft problems decoded greedily by both, 48 new tokens each
 HF_ARGS = {"dtype": "float32", "device": "cpu", "batch_size": 8}
+WINDOW = 2048
 
 
 @pytest.fixture(scope="module")
@@ -85,14 +86,15 @@ def test_smollm2_scores_as_the_hf_model(setup):
 
   run, hf, folder = setup
   tok = transformers.AutoTokenizer.from_pretrained(str(hf))
-  assert len(tok.encode((ROOT / ROLLING_DOCS[0]).read_text())) > 2 * 2048  # several windows
+  assert len(tok.encode((ROOT / ROLLING_DOCS[0]).read_text())) > 2 * WINDOW  # several windows
   gaps = {}
-  # Rolling windows are 2048 tokens: two rows a batch keep both models' fp32 attention
-  # scores (rows x 9 heads x 2048^2) to a few GB.
+  # Rolling windows of 2048 tokens (both sides' max_length; the model's context is 8192),
+  # two rows a batch: both models' fp32 attention scores and logits stay near a GB.
   for task, batch in (("arith_mc", 8), ("repo_docs", 2)):
-    ref = _evaluate("hf", {"pretrained": str(hf), **HF_ARGS, "batch_size": batch}, folder,
-                    [task])
-    got = _evaluate("cardjax", {"checkpoint": str(run), "batch_size": batch}, folder, [task])
+    ref = _evaluate("hf", {"pretrained": str(hf), **HF_ARGS, "batch_size": batch,
+                           "max_length": WINDOW}, folder, [task])
+    got = _evaluate("cardjax", {"checkpoint": str(run), "batch_size": batch,
+                                "max_length": WINDOW}, folder, [task])
     if task == "arith_mc":
       assert got["results"][task]["acc,none"] == ref["results"][task]["acc,none"]
       acc = got["results"][task]["acc,none"]
