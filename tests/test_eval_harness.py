@@ -316,3 +316,42 @@ def test_arith_sft_documents_are_the_builds_problems_in_its_order(tmp_path):
   docs = documents.arith_sft(seed=3, test_size=40)["test"]
   assert [d["messages"][0]["content"] for d in built] == docs["question"]
   assert [d["answer"] for d in built] == docs["answer"]
+
+
+def test_a_trained_run_scores_as_the_hf_model(tmp_path):
+  """The same scoring parity on a run the trainer made (tiny_sft, 30 steps on arith_sft),
+  not a random init: its export-hf folder through lm-eval's `hf` model."""
+  from cardjax.config import load_config
+  from cardjax.data.prepare import prepare
+  from cardjax.train import train
+
+  overrides = [f"--config.data.data_dir={tmp_path / 'data'}", "--config.model.hidden_size=32",
+               "--config.model.intermediate_size=64", "--config.data.batch_size=8",
+               "--config.data.options.train_size=240", "--config.data.options.test_size=8",
+               "--config.train.progress=false", "--config.train.eval_every=0",
+               "--config.train.eval_steps=1", "--config.train.steps=30",
+               "--config.train.checkpoint_every=30"]
+  config = load_config("configs/tiny_sft.py", overrides)
+  prepare(config)
+  train(config, str(tmp_path / "run"))
+  subprocess.run([sys.executable, "-m", "cardjax.cli", "export-hf",
+                  str(tmp_path / "run" / "checkpoints"), str(tmp_path / "hf")], check=True,
+                 capture_output=True)
+  folder = _tasks(tmp_path / "tasks")
+  names = ["tiny_mc", "tiny_roll"]
+  with pytest.MonkeyPatch.context() as mp:
+    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+      mp.setenv(key, "1")
+    ref = _evaluate("hf", {"pretrained": str(tmp_path / "hf"), **HF_ARGS}, folder, names)
+    got = _evaluate("cardjax", {"checkpoint": str(tmp_path / "run"), "batch_size": 4}, folder,
+                    names)
+  assert got["results"]["tiny_mc"]["acc,none"] == ref["results"]["tiny_mc"]["acc,none"]
+  for task in names:
+    mine, theirs = _responses(got, task), _responses(ref, task)
+    assert sorted(mine) == sorted(theirs) and len(mine) > 3
+    for doc, answers in theirs.items():
+      for a, b in zip(mine[doc], answers, strict=True):
+        a, b = (a, b) if task == "tiny_mc" else ((a,), (b,))
+        assert abs(a[0] - b[0]) / max(1.0, abs(b[0])) < TOLERANCE, (task, doc, a, b)
+        assert a[1:] == b[1:], (task, doc)
+
