@@ -157,6 +157,8 @@ def test_mars_decodes_as_ar_and_reports_speed(setup, tmp_path, capsys):
     assert block["method"] == "mars" and block["options"]["block"] == 4  # the run's B
   # The untrained model's drafts pass a low threshold only (tau 0.5 accepts one token a
   # forward; 0.05 about two): what is checked is that the JSON reports it.
+  _, short = _cli(run, folder, tmp_path / "short.json", "--max-length", "64")
+  assert short["max_length"] == 64 and ar_block["max_length"] == 128  # the model's context
   _, fast = _cli(run, folder, tmp_path / "fast.json", "--method", "mars", "--tau", "0.05")
   g = fast["generate_until"]
   assert g["requests"] == len(PROMPTS) and g["tokens"] > 0 and g["seconds"] > 0

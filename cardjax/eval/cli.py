@@ -71,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  help="let tasks that run the generated code (humaneval, mbpp) run it")
   g.add_argument("--log-samples", action="store_true",
                  help="keep every request and response in the JSON")
+  g.add_argument("--max-length", type=int, default=0,
+                 help="tokens a scored sequence or rolling window holds (0: the model's "
+                      "context); lower it to bound memory on long documents")
   g.add_argument("--elbo-draws", type=int, default=32,
                  help="MDLM checkpoints: Monte Carlo mask draws per scored request")
   g.add_argument("--bootstrap-iters", type=int, default=100000,

@@ -65,7 +65,7 @@ def model_args(args) -> dict:
 
   out = {k: getattr(args, k) for k in vars(decoding_parser().parse_args([]))}
   out.update(checkpoint=args.checkpoint, tokenizer=args.tokenizer, batch_size=args.batch,
-             elbo_draws=args.elbo_draws)
+             elbo_draws=args.elbo_draws, max_length=args.max_length)
   return out
 
 
