@@ -329,7 +329,7 @@ def test_bd3lm_scores_its_blockwise_elbo(setup):
   from cardjax.eval.harness.model import CardjaxLM
   from cardjax.objectives.bd3lm import stream_inputs
 
-  run, _, _ = setup
+  run, _, folder = setup
   path, model = _mdlm_run(run.parent, "bd3lm", block_size=4)
   # The default method (ar) serves no BD3LM checkpoint: scoring loads all the same.
   lm = CardjaxLM(checkpoint=str(path), batch_size=8, elbo_draws=512)
@@ -385,6 +385,14 @@ def test_bd3lm_scores_its_blockwise_elbo(setup):
   assert lm.report()["t"]["elbo_draws"] == 512
   with pytest.raises(CardjaxError, match="methods that fit: none of cardjax's decoders"):
     lm.generate_until([SimpleNamespace(args=("alpha", {}), task_name="g")])
+  # The whole `cardjax eval --harness` path, with the default method, on multiple choice.
+  from cardjax.cli import main
+  out = path / "mc.json"
+  assert main(["eval", "--checkpoint", str(path), "--harness", "tiny_mc", "--include-path",
+               str(folder), "--elbo-draws", "4", "--bootstrap-iters", "0", "--output",
+               str(out)]) == 0
+  mc = json.loads(out.read_text())["results"]["tiny_mc"]
+  assert "acc,none" in mc and mc["cardjax"]["elbo_draws"] == 4
 
 
 def test_arith_sft_documents_are_the_builds_problems_in_its_order(tmp_path):

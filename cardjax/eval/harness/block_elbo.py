@@ -40,10 +40,13 @@ def _block_elbo_fn(graphdef, state, x_t, x_0, positions, segments, targets, weig
   import jax.numpy as jnp
   from flax import nnx
 
+  from cardjax.model.decoder import head_logits
   from cardjax.objectives.bd3lm import stream_inputs
 
+  model = nnx.merge(graphdef, state)
   inputs = stream_inputs(x_t, x_0, positions, segments, block_size)
-  logits = nnx.merge(graphdef, state)(**inputs)[:, :x_t.shape[1]]  # the noisy stream's
+  # The head on the noisy stream only: the clean stream's logits are never read.
+  logits = head_logits(model.features(**inputs)[:, :x_t.shape[1]], model.head_matrix())
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   chosen = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
   hit = jnp.argmax(logp, axis=-1) == targets
@@ -129,8 +132,8 @@ def score(frozen, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], max_leng
     cost.forwards += 1
     for j, r in enumerate(chunk):
       sums[r], greedy[r] = got[j], hit[j]
-    if progress is not None:
-      progress.update(len(chunk) / (draws + 1))
+    if progress is not None:  # whole requests' worth of rows: float steps overrun the bar
+      progress.update((start + len(chunk)) // (draws + 1) - start // (draws + 1))
   out = []
   for i in range(len(pairs)):
     first = i * (draws + 1)
