@@ -181,16 +181,21 @@ def test_bad_inputs_are_one_clear_error(setup, monkeypatch, capsys):
     assert main([*args, *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err, err
-  # A block diffusion checkpoint has neither an AR-order likelihood nor an ELBO estimate.
+  # An objective with neither an AR-order likelihood nor an ELBO estimate cannot score; a
+  # BD3LM checkpoint scores (test_bd3lm_scores_its_blockwise_elbo) but no decoder serves it.
   from types import SimpleNamespace
 
   from cardjax.errors import CardjaxError
   from cardjax.eval.harness.model import CardjaxLM
   lm = CardjaxLM.__new__(CardjaxLM)
-  lm.run, lm.settings = SimpleNamespace(objective="bd3lm"), SimpleNamespace(checkpoint="b")
+  lm.run = SimpleNamespace(objective="unknown")
+  lm.settings = SimpleNamespace(checkpoint="b", decoding=SimpleNamespace(method="ar"))
   for request in (lm.loglikelihood, lm.loglikelihood_rolling):
     with pytest.raises(CardjaxError, match="nor an ELBO estimate .* run generate_until"):
       request([])
+  lm.run = SimpleNamespace(objective="bd3lm")
+  with pytest.raises(CardjaxError, match="bd3lm.*--method ar; methods that fit: none of"):
+    lm.generate_until([])
   monkeypatch.setitem(sys.modules, "lm_eval", None)  # as if it were not installed
   assert main([*args, "tiny_gen"]) == 2
   assert "pip install 'cardjax[eval]'" in capsys.readouterr().err
@@ -226,8 +231,9 @@ def test_shipped_tasks_run_offline_with_the_chat_template(setup, tmp_path):
   assert results["arith_mc"]["cardjax"]["loglikelihood"]["requests"] == 8  # 2 docs x 4
 
 
-def _mdlm_run(root):
-  """The tiny model saved as an MDLM training run (objective mdlm, shift off)."""
+def _mdlm_run(root, name: str = "mdlm", **objective):
+  """The tiny model saved as an MDLM training run (objective mdlm, shift off), or as one of
+  objective `name` with the given objective settings."""
   import orbax.checkpoint as ocp
   from flax import nnx
 
@@ -243,8 +249,10 @@ def _mdlm_run(root):
                                    mask_token_id=tok.mask_id, eos_token_id=tok.eos_id),
                        seed=5)
   config = base_config()
-  config.objective.name = "mdlm"
-  ckpt = root / "mdlm" / "checkpoints"
+  config.objective.name = name
+  for key, value in objective.items():
+    setattr(config.objective, key, value)
+  ckpt = root / name / "checkpoints"
   with checkpoint.manager(ckpt) as mngr:
     mngr.save(0, args=ocp.args.Composite(
         params=ocp.args.StandardSave(nnx.to_pure_dict(nnx.state(model, nnx.Param))),
@@ -252,7 +260,7 @@ def _mdlm_run(root):
         config=ocp.args.JsonSave(config.to_dict())))
     mngr.wait_until_finished()
   checkpoint.copy_assets(ckpt, root / "tok")
-  return root / "mdlm", model
+  return root / name, model
 
 
 def test_mdlm_scores_its_elbo(setup):
@@ -303,6 +311,88 @@ def test_mdlm_scores_its_elbo(setup):
   print(f"ELBO {mean:.3f}, estimate {got[1][0]:.3f} (standard error {error:.3f})")
   block = lm.report()["t"]["loglikelihood"]
   assert block["requests"] == 2 and block["forwards"] == -(-2 * 513 // 8)
+
+
+def test_bd3lm_scores_its_blockwise_elbo(setup):
+  """Blocks of 4 from the sequence start, each a masked diffusion over the clean blocks
+  before it, all read in one [x_t | x_0] forward under training's bd3lm mask. One masked
+  token per block (one block, then two): the estimate is exactly the log-probs of that
+  forward. Three tokens in one block, then 3 + 2 across two: the mean of 512 draws lies
+  within four standard errors of the ELBO enumerated over every joint mask."""
+  from types import SimpleNamespace
+
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from cardjax.errors import CardjaxError
+  from cardjax.eval.harness.model import CardjaxLM
+  from cardjax.objectives.bd3lm import stream_inputs
+
+  run, _, folder = setup
+  path, model = _mdlm_run(run.parent, "bd3lm", block_size=4)
+  # The default method (ar) serves no BD3LM checkpoint: scoring loads all the same.
+  lm = CardjaxLM(checkpoint=str(path), batch_size=8, elbo_draws=512)
+  mask = lm.run.model.cfg.mask_token_id
+
+  def logp(ids, masked):
+    n = len(ids)
+    x_t = [mask if i in masked else t for i, t in enumerate(ids)]
+    inputs = stream_inputs(jnp.asarray([x_t]), jnp.asarray([ids]), jnp.arange(n)[None],
+                           jnp.ones((1, n), jnp.int32), 4)
+    out = jax.nn.log_softmax(model(**inputs)[0, :n].astype(jnp.float32), -1)
+    return ({i: float(out[i, ids[i]]) for i in masked},
+            {i: int(out[i].argmax()) for i in masked})
+
+  def elbo(ids, n):
+    """(ELBO, standard error of a 512-draw mean) over every joint mask of the blocks."""
+    cont = range(len(ids) - n, len(ids))
+    per_block = []  # per block: [(subset, probability, weight L_b / l_b)]
+    for b in sorted({q // 4 for q in cont}):
+      mine = [q for q in cont if q // 4 == b]
+      options = []
+      for l in range(1, len(mine) + 1):
+        subsets = list(itertools.combinations(mine, l))
+        options += [(s, 1 / len(mine) / len(subsets), len(mine) / l) for s in subsets]
+      per_block.append(options)
+    values, probs = [], []
+    for joint in itertools.product(*per_block):
+      got, _ = logp(ids, {q for s, _, _ in joint for q in s})
+      values.append(sum(w * got[q] for s, _, w in joint for q in s))
+      probs.append(np.prod([p for _, p, _ in joint]))
+    values, probs = np.asarray(values), np.asarray(probs)
+    mean = float(values @ probs)
+    return mean, float(np.sqrt(((values - mean) ** 2) @ probs / 512))
+
+  requests = [("alpha beta", " gamma"), ("alpha beta gamma", " delta epsilon"),
+              ("one two three", " four five six"), ("one", " two three four five")]
+  pairs = [lm.encode_pair(*r) for r in requests]
+  blocks = [[q // 4 for q in range(len(c), len(c) + len(x))] for c, x in pairs]
+  assert blocks == [[0], [0, 1], [1, 1, 1], [0, 0, 0, 1, 1]], blocks
+  got = lm.loglikelihood([SimpleNamespace(args=r, task_name="t") for r in requests],
+                         disable_tqdm=True)
+  for (context, continuation), (estimate, greedy) in zip(pairs, got, strict=True):
+    ids, n = context + continuation, len(continuation)
+    mean, error = elbo(ids, n)
+    if n == len(set(q // 4 for q in range(len(context), len(ids)))):
+      assert error == 0.0  # one token per block: every draw masks exactly those
+    assert abs(estimate - mean) < 4 * error + 1e-4, (estimate, mean, error)
+    _, best = logp(ids, set(range(len(context), len(ids))))
+    assert greedy == all(best[q] == ids[q] for q in best)
+    print(f"ELBO {mean:.3f}, estimate {estimate:.3f} (standard error {error:.3f})")
+  block = lm.report()["t"]["loglikelihood"]
+  assert block["requests"] == 4 and block["forwards"] == -(-4 * 513 // 8)
+  assert lm.report()["t"]["elbo_draws"] == 512
+  with pytest.raises(CardjaxError, match="methods that fit: none of cardjax's decoders"):
+    lm.generate_until([SimpleNamespace(args=("alpha", {}), task_name="g")])
+  # The whole `cardjax eval --harness` path, with the default method, on multiple choice.
+  from cardjax.cli import main
+  out = path / "mc.json"
+  assert main(["eval", "--checkpoint", str(path), "--harness", "tiny_mc", "--include-path",
+               str(folder), "--elbo-draws", "4", "--bootstrap-iters", "0", "--output",
+               str(out)]) == 0
+  mc = json.loads(out.read_text())["results"]["tiny_mc"]
+  assert "acc,none" in mc and mc["cardjax"]["elbo_draws"] == 4
 
 
 def test_arith_sft_documents_are_the_builds_problems_in_its_order(tmp_path):

@@ -75,7 +75,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  help="tokens a scored sequence or rolling window holds (0: the model's "
                       "context); lower it to bound memory on long documents")
   g.add_argument("--elbo-draws", type=int, default=32,
-                 help="MDLM checkpoints: Monte Carlo mask draws per scored request")
+                 help="MDLM / BD3LM checkpoints: Monte Carlo mask draws per scored "
+                      "request")
   g.add_argument("--bootstrap-iters", type=int, default=100000,
                  help="bootstrap resamples of the standard errors (0: none)")
   add_decoding_arguments(p)

@@ -39,6 +39,18 @@ def block_ordinals(positions, segment_ids, block_size: int):
   return (jnp.cumsum(start, axis=1) - 1).astype(jnp.int32)
 
 
+def stream_inputs(x_t, x_0, positions, segment_ids, block_size: int) -> dict:
+  """The model's [x_t | x_0] inputs (tokens, positions, segment_ids, streams, mask): the
+  layout and attention mask training reads, shared with the harness's BD3LM ELBO
+  (eval/harness/block_elbo.py) so that scoring sees what the model was trained on."""
+  ones = jnp.ones_like(x_0)
+  return dict(tokens=jnp.concatenate([x_t, x_0], axis=1),
+              positions=jnp.concatenate([positions, positions], axis=1),
+              segment_ids=jnp.concatenate([segment_ids, segment_ids], axis=1),
+              streams=jnp.concatenate([ones, 0 * ones], axis=1),
+              mask=MaskSpec("bd3lm", block_size))
+
+
 class BD3LM(Objective):
   name = "bd3lm"
   stream_factor = 2
@@ -62,17 +74,12 @@ class BD3LM(Objective):
     masked = bernoulli_at_least_one(u, t_pos, eligible, blocks, l)
     targets, weights = diffusion_targets(tokens, masked, t_pos, self.shift)
     x_t = jnp.where(masked, self.mask_id, tokens).astype(tokens.dtype)
-    ones = jnp.ones_like(tokens)
     return ModelInputs(
-        tokens=jnp.concatenate([x_t, tokens], axis=1),
-        positions=jnp.concatenate([pos, pos], axis=1),
-        segment_ids=jnp.concatenate([seg, seg], axis=1),
-        streams=jnp.concatenate([ones, 0 * ones], axis=1),
+        **stream_inputs(x_t, tokens, pos, seg, self.block_size),
         targets=jnp.concatenate([targets, jnp.zeros_like(targets)], axis=1),
         weights=jnp.concatenate([weights, jnp.zeros_like(weights)], axis=1),
         aux={"t": t_pos, "masked": masked.astype(jnp.int32),
-             "num_maskable": jnp.sum(eligible, axis=1).astype(jnp.int32)},
-        mask=MaskSpec("bd3lm", self.block_size))
+             "num_maskable": jnp.sum(eligible, axis=1).astype(jnp.int32)})
 
   def loss(self, logits, inputs):
     l = inputs.tokens.shape[1] // 2

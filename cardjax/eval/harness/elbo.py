@@ -114,8 +114,8 @@ def score(frozen, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], max_leng
     cost.forwards += 1
     for j, r in enumerate(chunk):
       sums[r], greedy[r] = got[j], hit[j]
-    if progress is not None:
-      progress.update(len(chunk) / (draws + 1))
+    if progress is not None:  # whole requests' worth of rows: float steps overrun the bar
+      progress.update((start + len(chunk)) // (draws + 1) - start // (draws + 1))
   out = []
   for i in range(len(pairs)):
     first = i * (draws + 1)

@@ -7,7 +7,8 @@ after `import cardjax.eval.harness.model`, which registers it (`cardjax eval --h
 does that). Scoring requests (loglikelihood, loglikelihood_rolling, multiple choice) are
 answered in AR order by any causal checkpoint (AR, MARS and CARD training keep the causal
 next-token head; loglik.py), whatever --method decodes, and by a Monte Carlo ELBO estimate
-for MDLM checkpoints (elbo.py). Generation decodes with --method (generating.py).
+for MDLM checkpoints (elbo.py) and, block by block, BD3LM ones (block_elbo.py). Generation
+decodes with --method (generating.py).
 Tokenization is lm-eval's hf model's: no special tokens added, a context/continuation pair
 encoded whole and split where the context's own encoding ends, so a checkpoint and its
 `cardjax export-hf` folder get the same requests.
@@ -27,6 +28,8 @@ from tqdm import tqdm
 from cardjax.errors import CardjaxError
 from cardjax.eval.harness import generating, loglik, metrics, settings
 
+ELBO = ("mdlm", "bd3lm")  # objectives scored by a Monte Carlo ELBO, not in AR order
+
 
 @register_model("cardjax")
 class CardjaxLM(LM):
@@ -42,9 +45,11 @@ class CardjaxLM(LM):
       raise CardjaxError(f"temperature={d.temperature}: the cardjax harness model decodes "
                          "greedily only (lm-eval's sampled tasks need its seeds and "
                          "repeats); drop temperature")
-    # A method the checkpoint cannot serve fails here, before the weights are read.
+    # A method the checkpoint cannot serve fails here, before the weights are read; but a
+    # BD3LM checkpoint, which no decoder serves yet, still scores: generate_until says so.
+    scoring_only = _objective(self.settings.checkpoint, d.objective) == "bd3lm"
     self.run = load_run(self.settings.checkpoint, tokenizer=self.settings.tokenizer,
-                        objective=d.objective, method=d.method)
+                        objective=d.objective, method="" if scoring_only else d.method)
     self.tokenizer = self.run.tokenizer
     block = resolve_block(d.method, d.block, self.run.run_config,
                           command="cardjax eval --harness")
@@ -63,7 +68,7 @@ class CardjaxLM(LM):
                         "objective": self.run.objective, "method": d.method,
                         "options": options, "batch_size": self.batch_size,
                         "max_length": self.max_length, "machine": machine.describe()}
-    if self.run.objective == "mdlm":
+    if self.run.objective in ELBO:
       self.description["elbo_draws"] = self.settings.elbo_draws
 
   # -- tokenization, as lm-eval's hf model ------------------------------------------------
@@ -116,21 +121,21 @@ class CardjaxLM(LM):
   # -- scoring ------------------------------------------------------------------------------
 
   def _check_scoring(self) -> None:
-    """Scoring needs an AR-order likelihood (causal checkpoints) or the ELBO estimate
-    (MDLM); BD3LM has neither yet."""
+    """Scoring needs an AR-order likelihood (causal checkpoints) or an ELBO estimate
+    (MDLM, BD3LM)."""
     from cardjax.decoding.methods import SERVES
 
     objective = self.run.objective
-    if objective != "mdlm" and "ar" not in SERVES.get(objective, ()):
+    if objective not in ELBO and "ar" not in SERVES.get(objective, ()):
       raise CardjaxError(
           f"{self.settings.checkpoint} was trained with objective {objective!r}, which has "
           "neither an AR-order likelihood nor an ELBO estimate in cardjax yet; "
-          "loglikelihood tasks (multiple choice, perplexity) need an AR, MARS, CARD or "
-          "MDLM checkpoint: run generate_until tasks only")
+          "loglikelihood tasks (multiple choice, perplexity) need an AR, MARS, CARD, "
+          "MDLM or BD3LM checkpoint: run generate_until tasks only")
 
   def _score(self, task: str, pairs, progress=None) -> list[tuple[float, bool]]:
     """AR order for causal checkpoints (loglik.py), the ELBO estimate for MDLM ones
-    (elbo.py)."""
+    (elbo.py) and BD3LM ones (block_elbo.py)."""
     common = dict(max_length=self.max_length, batch_size=self.batch_size,
                   pad_id=self.tokenizer.pad_id, cost=self.ledger.scoring(task),
                   progress=progress)
@@ -139,6 +144,14 @@ class CardjaxLM(LM):
       return elbo.score(self.run.frozen, pairs, mask_id=self.run.model.cfg.mask_token_id,
                         shift=self.options.shift, draws=self.settings.elbo_draws,
                         seed=self.settings.decoding.seed, **common)
+    if self.run.objective == "bd3lm":
+      from cardjax.eval.harness import block_elbo
+      block = int(self.run.run_config["objective"].get("block_size") or 0)
+      return block_elbo.score(self.run.frozen, pairs,
+                              mask_id=self.run.model.cfg.mask_token_id,
+                              shift=self.options.shift, block_size=block,
+                              draws=self.settings.elbo_draws,
+                              seed=self.settings.decoding.seed, **common)
     return loglik.score(self.run.frozen, pairs, **common)
 
   def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
@@ -157,8 +170,8 @@ class CardjaxLM(LM):
     self._check_scoring()
     out: list = [None] * len(requests)
     # An AR window reads max_length tokens to score max_length (the last is only a target);
-    # an MDLM window reads all it scores, plus its one context token.
-    window = self.max_length - (self.run.objective == "mdlm")
+    # an ELBO window reads all it scores, plus its one context token.
+    window = self.max_length - (self.run.objective in ELBO)
     for task, idx in tqdm(_by_task(requests).items(), desc="loglikelihood_rolling",
                           disable=disable_tqdm):
       windows, owner = [], []
@@ -197,6 +210,11 @@ class CardjaxLM(LM):
     return self._decoders[max_new]
 
   def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+    from cardjax.decoding.methods import check_method
+
+    # A scoring-only checkpoint (BD3LM) was loaded without the method check: it fails here.
+    check_method(self.settings.decoding.method, self.run.objective,
+                 where=str(self.settings.checkpoint))
     out: list = [None] * len(requests)
     groups = collections.defaultdict(list)
     for i, r in enumerate(requests):
@@ -227,6 +245,18 @@ class CardjaxLM(LM):
   def report(self) -> dict[str, dict]:
     """{task: its `cardjax` block}: the settings and what each task cost."""
     return self.ledger.tasks(self.description)
+
+
+def _objective(checkpoint: str, override: str) -> str | None:
+  """The objective load_run will record for `checkpoint`, read from its run config alone."""
+  from cardjax import checkpoint as ckpt
+  from cardjax.config import merge_into_base
+  from cardjax.restore import checkpoints_dir
+
+  if override:
+    return override
+  raw = ckpt.read_run_config(checkpoints_dir(checkpoint))
+  return None if raw is None else merge_into_base(raw).objective.name
 
 
 def _by_task(requests) -> dict[str, list[int]]:

@@ -26,7 +26,7 @@ class Settings:
   batch_size: int
   max_length: int  # 0: the model's context (max_position_embeddings)
   max_gen_toks: int  # when a request names none (lm-eval's default, 256)
-  elbo_draws: int  # MDLM checkpoints: Monte Carlo mask draws per scored request (elbo.py)
+  elbo_draws: int  # MDLM / BD3LM: Monte Carlo mask draws per scored request (elbo.py)
   decoding: argparse.Namespace  # add_decoding_arguments' flags, parsed
 
 
