@@ -447,3 +447,22 @@ def test_a_trained_run_scores_as_the_hf_model(tmp_path):
         assert abs(a[0] - b[0]) / max(1.0, abs(b[0])) < TOLERANCE, (task, doc, a, b)
         assert a[1:] == b[1:], (task, doc)
 
+
+
+@pytest.mark.parametrize("objective,method,settings", [
+    ("card", "card", {"block_size": 4}), ("mdlm", "dus", {}), ("mdlm", "eb", {}),
+    ("mdlm", "cb", {})])
+def test_diffusion_methods_generate_through_the_harness(setup, tmp_path, objective, method,
+                                                        settings):
+  """generate_until decodes with the checkpoint's diffusion methods too (CARD blocks, and
+  DUS / EB / CB on MDLM), reporting their forwards."""
+  import shutil
+
+  run, _, folder = setup
+  shutil.copytree(run.parent / "tok", tmp_path / "tok")
+  path, _ = _mdlm_run(tmp_path, objective, **settings)
+  got, block = _cli(path, folder, tmp_path / "out.json", "--method", method)
+  assert sorted(got) == list(range(len(PROMPTS)))
+  assert block["method"] == method and block["objective"] == objective
+  g = block["generate_until"]
+  assert g["requests"] == len(PROMPTS) and g["tokens"] > 0 and g["forwards"] > 0
