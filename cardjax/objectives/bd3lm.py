@@ -42,7 +42,7 @@ def block_ordinals(positions, segment_ids, block_size: int):
 def stream_inputs(x_t, x_0, positions, segment_ids, block_size: int) -> dict:
   """The model's [x_t | x_0] inputs (tokens, positions, segment_ids, streams, mask): the
   layout and attention mask training reads, shared with the harness's BD3LM ELBO
-  (eval/harness/block_elbo.py) so that scoring sees what the model was trained on."""
+  (eval/harness/elbo.py) so that scoring sees what the model was trained on."""
   ones = jnp.ones_like(x_0)
   return dict(tokens=jnp.concatenate([x_t, x_0], axis=1),
               positions=jnp.concatenate([positions, positions], axis=1),

@@ -7,7 +7,7 @@ after `import cardjax.eval.harness.model`, which registers it (`cardjax eval --h
 does that). Scoring requests (loglikelihood, loglikelihood_rolling, multiple choice) are
 answered in AR order by any causal checkpoint (AR, MARS and CARD training keep the causal
 next-token head; loglik.py), whatever --method decodes, and by a Monte Carlo ELBO estimate
-for MDLM checkpoints (elbo.py) and, block by block, BD3LM ones (block_elbo.py). Generation
+for MDLM checkpoints and, block by block, BD3LM ones (elbo.py). Generation
 decodes with --method (generating.py).
 Tokenization is lm-eval's hf model's: no special tokens added, a context/continuation pair
 encoded whole and split where the context's own encoding ends, so a checkpoint and its
@@ -135,23 +135,18 @@ class CardjaxLM(LM):
 
   def _score(self, task: str, pairs, progress=None) -> list[tuple[float, bool]]:
     """AR order for causal checkpoints (loglik.py), the ELBO estimate for MDLM ones
-    (elbo.py) and BD3LM ones (block_elbo.py)."""
+    and BD3LM ones (elbo.py)."""
     common = dict(max_length=self.max_length, batch_size=self.batch_size,
                   pad_id=self.tokenizer.pad_id, cost=self.ledger.scoring(task),
                   progress=progress)
-    if self.run.objective == "mdlm":
+    if self.run.objective in ("mdlm", "bd3lm"):
       from cardjax.eval.harness import elbo
+      block = None
+      if self.run.objective == "bd3lm":
+        block = int(self.run.run_config["objective"].get("block_size") or 0)
       return elbo.score(self.run.frozen, pairs, mask_id=self.run.model.cfg.mask_token_id,
                         shift=self.options.shift, draws=self.settings.elbo_draws,
-                        seed=self.settings.decoding.seed, **common)
-    if self.run.objective == "bd3lm":
-      from cardjax.eval.harness import block_elbo
-      block = int(self.run.run_config["objective"].get("block_size") or 0)
-      return block_elbo.score(self.run.frozen, pairs,
-                              mask_id=self.run.model.cfg.mask_token_id,
-                              shift=self.options.shift, block_size=block,
-                              draws=self.settings.elbo_draws,
-                              seed=self.settings.decoding.seed, **common)
+                        seed=self.settings.decoding.seed, block_size=block, **common)
     return loglik.score(self.run.frozen, pairs, **common)
 
   def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
