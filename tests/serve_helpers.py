@@ -39,9 +39,17 @@ def save_mars_run(model, block: int, run, tokenizer_dir):
   """`model` saved in `run`/checkpoints as a MARS training run saves it (params, model
   config, a run config with objective mars and block_size), with the tokenizer's files:
   no training needed to read its settings. Returns `run`."""
+  return save_run(model, run, tokenizer_dir, "mars", block_size=block)
+
+
+def save_run(model, run, tokenizer_dir, objective: str, **settings):
+  """`model` saved in `run`/checkpoints as a training run of `objective` saves it, its
+  run config's objective section given `settings`, with the tokenizer's files. Returns
+  `run`."""
   config = base_config()
-  config.objective.name = "mars"
-  config.objective.block_size = block
+  config.objective.name = objective
+  for key, value in settings.items():
+    setattr(config.objective, key, value)
   ckpt = run / "checkpoints"
   with checkpoint.manager(ckpt) as mngr:
     mngr.save(0, args=ocp.args.Composite(

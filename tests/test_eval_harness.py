@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from serve_helpers import TEXTS, mars_run
+from serve_helpers import TEXTS, mars_run, save_run
 from test_serve_lm_eval import DOCS
 
 # nats per request, relative to max(1, |log-likelihood|): the JAX forward and transformers'
@@ -234,11 +234,6 @@ def test_shipped_tasks_run_offline_with_the_chat_template(setup, tmp_path):
 def _mdlm_run(root, name: str = "mdlm", **objective):
   """The tiny model saved as an MDLM training run (objective mdlm, shift off), or as one of
   objective `name` with the given objective settings."""
-  import orbax.checkpoint as ocp
-  from flax import nnx
-
-  from cardjax import checkpoint
-  from cardjax.config import base_config
   from cardjax.data.tokenizer import load_tokenizer
   from cardjax.model import ModelConfig, create_model
 
@@ -248,19 +243,7 @@ def _mdlm_run(root, name: str = "mdlm", **objective):
                                    initializer_range=0.3, max_position_embeddings=128,
                                    mask_token_id=tok.mask_id, eos_token_id=tok.eos_id),
                        seed=5)
-  config = base_config()
-  config.objective.name = name
-  for key, value in objective.items():
-    setattr(config.objective, key, value)
-  ckpt = root / name / "checkpoints"
-  with checkpoint.manager(ckpt) as mngr:
-    mngr.save(0, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(nnx.to_pure_dict(nnx.state(model, nnx.Param))),
-        model_config=ocp.args.JsonSave(model.cfg.to_dict()),
-        config=ocp.args.JsonSave(config.to_dict())))
-    mngr.wait_until_finished()
-  checkpoint.copy_assets(ckpt, root / "tok")
-  return root / name, model
+  return save_run(model, root / name, root / "tok", name, **objective), model
 
 
 def test_mdlm_scores_its_elbo(setup):
