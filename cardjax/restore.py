@@ -42,6 +42,26 @@ def checkpoints_dir(run_dir: str | Path) -> Path:
   return root / "checkpoints" if (root / "checkpoints").is_dir() else root
 
 
+def run_config(run_dir: str | Path):
+  """The run config `run_dir` (a run folder or its checkpoints/) was trained with, merged
+  into the base config; None for an import, which records none. A missing folder is one
+  CheckpointError."""
+  from cardjax import checkpoint
+  from cardjax.config import merge_into_base
+
+  raw = checkpoint.read_run_config(checkpoints_dir(run_dir))
+  return merge_into_base(raw) if raw is not None else None
+
+
+def run_objective(run_dir: str | Path, objective: str = "") -> str | None:
+  """The objective load_run records for `run_dir`: `objective` when given, else its run
+  config's (None for an import), read without the weights."""
+  if objective:
+    return objective
+  config = run_config(run_dir)
+  return config.objective.name if config is not None else None
+
+
 def load_run(run_dir: str | Path, mesh=None, tokenizer: str = "", objective: str = "",
              method: str = "") -> LoadedRun:
   """The latest checkpoint of `run_dir` with its config, tokenizer and objective.
@@ -50,11 +70,9 @@ def load_run(run_dir: str | Path, mesh=None, tokenizer: str = "", objective: str
   decoding methods that fit; `method`, when given, is checked against it before the weights
   are read, so a method the checkpoint cannot serve fails at once."""
   from cardjax import checkpoint
-  from cardjax.config import merge_into_base
 
   root = checkpoints_dir(run_dir)
-  raw = checkpoint.read_run_config(root)  # a missing folder: one CheckpointError here
-  config = merge_into_base(raw) if raw is not None else None
+  config = run_config(root)
   name = objective or (config.objective.name if config is not None else None)
   if method:
     from cardjax.decoding.methods import check_method

@@ -37,7 +37,7 @@ class CardjaxLM(LM):
     super().__init__()
     from cardjax import machine
     from cardjax.decoding.cli import options_from_args, resolve_block
-    from cardjax.restore import load_run
+    from cardjax.restore import load_run, run_objective
 
     self.settings = settings.parse(model_args)
     d = self.settings.decoding
@@ -47,7 +47,7 @@ class CardjaxLM(LM):
                          "repeats); drop temperature")
     # A method the checkpoint cannot serve fails here, before the weights are read; but a
     # BD3LM checkpoint, which no decoder serves yet, still scores: generate_until says so.
-    scoring_only = _objective(self.settings.checkpoint, d.objective) == "bd3lm"
+    scoring_only = run_objective(self.settings.checkpoint, d.objective) == "bd3lm"
     self.run = load_run(self.settings.checkpoint, tokenizer=self.settings.tokenizer,
                         objective=d.objective, method="" if scoring_only else d.method)
     self.tokenizer = self.run.tokenizer
@@ -240,18 +240,6 @@ class CardjaxLM(LM):
   def report(self) -> dict[str, dict]:
     """{task: its `cardjax` block}: the settings and what each task cost."""
     return self.ledger.tasks(self.description)
-
-
-def _objective(checkpoint: str, override: str) -> str | None:
-  """The objective load_run will record for `checkpoint`, read from its run config alone."""
-  from cardjax import checkpoint as ckpt
-  from cardjax.config import merge_into_base
-  from cardjax.restore import checkpoints_dir
-
-  if override:
-    return override
-  raw = ckpt.read_run_config(checkpoints_dir(checkpoint))
-  return None if raw is None else merge_into_base(raw).objective.name
 
 
 def _by_task(requests) -> dict[str, list[int]]:
