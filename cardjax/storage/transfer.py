@@ -35,7 +35,7 @@ def local_copy(path: str | os.PathLike):
     if remote.is_dir():
       trees.download(str(remote), target)
     elif remote.exists():
-      target.write_bytes(remote.read_bytes())
+      trees.download_file(str(remote), target)
     else:
       yield target  # missing: the caller's own check names it
       return
@@ -77,14 +77,7 @@ def cached_copy(path: str | os.PathLike) -> Path:
   target = staging_dir(resolve(path)) / "copy" / remote.name
   target.parent.mkdir(parents=True, exist_ok=True)
   if remote.is_dir():
-    trees.download(str(remote), target)  # size-checked, renamed into place
+    trees.download(str(remote), target)
   else:
-    fd, tmp = tempfile.mkstemp(prefix=".download-", dir=target.parent)
-    try:
-      with os.fdopen(fd, "wb") as f:
-        f.write(remote.read_bytes())
-      os.replace(tmp, target)
-    finally:
-      if os.path.exists(tmp):
-        os.unlink(tmp)
+    trees.download_file(str(remote), target)
   return target

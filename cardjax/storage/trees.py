@@ -5,7 +5,8 @@ streamed through fsspec (put_file / get_file: no file is held in memory whole).
   dataset_info.json), so a half-finished upload is never taken for a whole one.
 - `download` writes into a temporary sibling folder, checks every size against the bucket's
   listing and only then renames it into place: a reader never sees a partial copy, and a
-  copy that already matches the listing is not downloaded again.
+  copy that already matches the listing is not downloaded again. `download_file` lands
+  one object the same way (a temporary sibling file, one rename).
 Client failures are one CardjaxError each (cardjax/storage/errors.py).
 """
 
@@ -94,3 +95,20 @@ def download(folder: str, local: str | os.PathLike, sizes: dict[str, int] | None
         raise  # not another process's identical copy
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def download_file(path: str, local: str | os.PathLike) -> None:
+  """Bucket object `path` to local file `local`, streamed into a temporary sibling and
+  renamed into place: a process reading `local` never sees a partial file."""
+  path, local = resolve(path), os.path.abspath(local)
+  os.makedirs(os.path.dirname(local), exist_ok=True)
+  fd, tmp = tempfile.mkstemp(prefix=".download-", dir=os.path.dirname(local))
+  os.close(fd)
+  try:
+    fs = filesystem(path)
+    with storage_errors(path):
+      fs.get_file(path, tmp)
+    os.replace(tmp, local)
+  finally:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
