@@ -66,6 +66,4 @@ def fetch(folder: str, local_build: str) -> None:
   sizes = trees.listing(folder)
   if MARKER not in sizes:
     raise CardjaxError(f"{folder} is not a finished build (no {MARKER}); build it again")
-  if not (os.path.isdir(local_build) and trees.matches(local_build, sizes)):
-    log.info("downloading %s (%.1f MB) to %s", folder, sum(sizes.values()) / 1e6, local_build)
-    trees.download(folder, local_build, sizes)
+  trees.download(folder, local_build, sizes)

@@ -12,6 +12,7 @@ Client failures are one CardjaxError each (cardjax/storage/errors.py).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -20,6 +21,8 @@ from cardjax.errors import CardjaxError
 from cardjax.storage.errors import storage_errors
 from cardjax.storage.paths import resolve
 from cardjax.storage.reach import filesystem
+
+log = logging.getLogger("cardjax.storage")
 
 
 def listing(folder: str) -> dict[str, int]:
@@ -69,6 +72,7 @@ def download(folder: str, local: str | os.PathLike, sizes: dict[str, int] | None
     sizes = listing(folder)
   if os.path.isdir(local) and matches(local, sizes):
     return
+  log.info("downloading %s (%.1f MB) to %s", folder, sum(sizes.values()) / 1e6, local)
   parent = os.path.dirname(local)
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=".download-", dir=parent)
