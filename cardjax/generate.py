@@ -68,9 +68,8 @@ def _generate(args, mesh) -> None:
              for t in texts]
   prompts = [tokenizer.encode(t) for t in texts]
   run_config = run.run_config
-  shift = bool((run_config or {}).get("objective", {}).get("shift", False))
   block = resolve_block(args.method, args.block, run_config)
-  options = options_from_args(args, tokenizer.stop_ids, tokenizer.pad_id, block, shift)
+  options = options_from_args(args, tokenizer.stop_ids, tokenizer.pad_id, block, run.shift)
   decode = make_decoder(args.method, run.model, run.objective, options)
   start = time.perf_counter()
   rows, row_forwards, tokens = [], 0, 0

@@ -32,6 +32,12 @@ class LoadedRun:
     """The run config as a plain dict (what decoding.cli.resolve_block reads)."""
     return None if self.config is None else self.config.to_dict()
 
+  @property
+  def shift(self) -> bool:
+    """Whether the run trained Dream-style (objective.shift: the output at q - 1 predicts
+    q), which its decoders and scorers must follow; False for an import."""
+    return bool((self.run_config or {}).get("objective", {}).get("shift", False))
+
 
 def checkpoints_dir(run_dir: str | Path) -> Path:
   """RUN/checkpoints for a training run folder, else the folder itself (local, gs://,

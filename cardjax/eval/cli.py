@@ -139,14 +139,13 @@ def _evaluate(args, paths, mesh, pattern, rows) -> dict:
         block = resolve_block(args.method, args.block, run.run_config,
                               log=lambda line: print(line, file=sys.stderr),
                               command="cardjax eval")
-      shift = bool((run.run_config or {}).get("objective", {}).get("shift", False))
       options = options_from_args(args, run.tokenizer.stop_ids, run.tokenizer.pad_id, block,
-                                  shift)
+                                  run.shift)
       if not settings:
         settings = {"method": args.method, "batch": args.batch,
                     "options": {k: v for k, v in dataclasses.asdict(options).items()
                                 if k not in ("stop_ids", "pad_id", "shift")}}
-      entry["shift"] = shift
+      entry["shift"] = run.shift
       out = (tasks.run_arith(args, run, options) if args.task == "arith"
              else tasks.run_jsonl(args, run, options, pattern, rows))
     else:

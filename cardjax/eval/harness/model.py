@@ -53,9 +53,8 @@ class CardjaxLM(LM):
     self.tokenizer = self.run.tokenizer
     block = resolve_block(d.method, d.block, self.run.run_config,
                           command="cardjax eval --harness")
-    shift = bool((self.run.run_config or {}).get("objective", {}).get("shift", False))
     self.options = options_from_args(d, self.tokenizer.stop_ids, self.tokenizer.pad_id,
-                                     block, shift)
+                                     block, self.run.shift)
     context = self.run.model.cfg.max_position_embeddings
     self.max_length = min(self.settings.max_length or context, context)
     self.batch_size = self.settings.batch_size
