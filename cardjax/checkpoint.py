@@ -12,6 +12,7 @@ model's two.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import jax
@@ -27,6 +28,7 @@ from cardjax.storage.staged import StagedCheckpoints
 from cardjax.storage.transfer import cached_copy, copy_file
 
 ASSETS = "hf_assets"
+_REOPENS = 5  # listings of a checkpoints folder a writer keeps pruning
 
 
 def manager(directory: str | Path, max_to_keep: int | None = None, create: bool = True,
@@ -35,7 +37,16 @@ def manager(directory: str | Path, max_to_keep: int | None = None, create: bool 
                                          enable_async_checkpointing=async_save)
   if scheme(directory) == "s3":  # orbax cannot write s3:// (see cardjax/storage/staged.py)
     raise ValueError(f"{directory}: open s3:// checkpoints through StagedCheckpoints")
-  return ocp.CheckpointManager(checked_path(directory), options=options)
+  # Opening lists the steps, then reads each one's metadata. A live run that keeps only its
+  # newest steps may delete one in between (a reader watching a training job's bucket): the
+  # vanished step is an OSError, and listing again sees the folder as it is now.
+  for attempt in range(_REOPENS):
+    try:
+      return ocp.CheckpointManager(checked_path(directory), options=options)
+    except (FileNotFoundError, NotADirectoryError):  # gcsfs's 404; a local step renamed away
+      if attempt == _REOPENS - 1:
+        raise
+      time.sleep(0.05 * (attempt + 1))
 
 
 def save_model(directory: str | Path, model: Decoder, step: int = 0,

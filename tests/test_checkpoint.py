@@ -83,3 +83,35 @@ def test_missing_and_empty_checkpoints(tmp_path):
   checkpoint.save_model(tmp_path / "one", create_model(CFG, seed=0), step=0)
   with pytest.raises(CheckpointError, match="has no step 5"):
     checkpoint.restore_model(tmp_path / "one", step=5)
+
+
+_PRUNING_WRITER = """
+import sys, numpy as np, orbax.checkpoint as ocp
+mngr = ocp.CheckpointManager(sys.argv[1], options=ocp.CheckpointManagerOptions(max_to_keep=1))
+for step in range(100000):
+  mngr.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave({"a": np.ones(3)})))
+  mngr.wait_until_finished()
+"""
+
+
+def test_reading_a_folder_a_live_run_keeps_pruning(tmp_path):
+  """A reader (eval, a test watching a job) lists the steps while the writer deletes the
+  older one: orbax lists, then stats each step, and a step gone in between raised (the CI
+  failure of test_storage_runs on gs://). Reopening sees the folder as it is now."""
+  import subprocess
+  import sys
+  import time
+
+  writer = subprocess.Popen([sys.executable, "-c", _PRUNING_WRITER, str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    deadline, seen = time.time() + 120, []
+    while time.time() < deadline and len(seen) < 400:
+      steps = checkpoint.saved_steps(tmp_path)
+      if steps:
+        seen.append(steps[-1])
+    assert writer.poll() is None, "the writer stopped early"
+  finally:
+    writer.kill()
+    writer.wait()
+  assert len(seen) == 400 and seen == sorted(seen) and seen[-1] > seen[0] + 20, seen[::40]
