@@ -67,6 +67,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.objective.card_p = 0.5  # distance decay of S_q = C_q + (1 - p) S_{q-1}
   c.objective.clean_fraction = 0.0  # CARD: share of rows left uncorrupted (paper: 0)
   c.objective.t_eps = 1e-3  # MDLM / BD3LM: t ~ U(t_eps, 1)
+  # MDLM: independent = a uniform per row; stratified = the step's rows cover [0, 1) evenly
+  # (frac(u + r / rows), the low-discrepancy sampler: a lower-variance loss over t).
+  c.objective.t_draw = "independent"
   c.objective.shift = False  # MDLM / BD3LM: True = output q predicts x_{q+1} (Dream style)
   c.train = ml_collections.ConfigDict()
   c.train.steps = 100  # optimizer steps

@@ -67,6 +67,50 @@ def test_mdlm_mask_ratio_follows_t():
   assert abs(got / want - 1) < 0.05
 
 
+def test_step_strata_cover_the_unit_interval_evenly():
+  """frac(u + r / rows): one row per 1/rows stratum, a fresh offset every step, and the
+  same values whether the rows are one batch or split (they are indexed globally)."""
+  import jax
+
+  from cardjax.train.step import step_strata
+
+  key = jax.random.key(3)
+  first = np.asarray(step_strata(key, 0, 16))
+  assert ((first >= 0) & (first < 1)).all()
+  np.testing.assert_array_equal(np.sort(np.floor(first * 16)), np.arange(16))
+  np.testing.assert_allclose(np.diff(np.sort(first)), 1 / 16, atol=1e-6)
+  offsets = [float(step_strata(key, s, 16)[0]) for s in range(200)]
+  assert len(set(offsets)) == 200 and 0.4 < np.mean(offsets) < 0.6  # each row stays U(0, 1)
+
+
+@pytest.mark.parametrize("draw", ["independent", "stratified"])
+def test_mdlm_t_draw(draw):
+  """t_draw=stratified reads the row's stratum (t = t_eps + (1 - t_eps) * stratum); the
+  independent draw ignores it; without a stratum (a direct call) both draw from the key."""
+  import jax
+  import jax.numpy as jnp
+
+  obj = objective("mdlm", t_draw=draw)
+  batch = make_batch(DIFF_ROWS, 16)
+  strata = jnp.linspace(0.0, 0.9, len(DIFF_ROWS))
+  with_strata = jax.jit(obj.corrupt)(dict(batch, stratum=strata), jax.random.key(0))
+  plain = run(objective("mdlm"), batch, 0)
+  got = np.asarray(with_strata.aux["t"])
+  if draw == "stratified":
+    np.testing.assert_allclose(got, 1e-3 + (1 - 1e-3) * np.asarray(strata), rtol=1e-6)
+  else:
+    np.testing.assert_array_equal(got, np.asarray(plain.aux["t"]))
+  np.testing.assert_array_equal(np.asarray(run(obj, batch, 0).aux["t"]),
+                                np.asarray(plain.aux["t"]))
+
+
+def test_mdlm_unknown_t_draw_is_refused():
+  from cardjax.errors import ConfigError
+
+  with pytest.raises(ConfigError, match="t_draw='sobol'.*stratified"):
+    objective("mdlm", t_draw="sobol")
+
+
 @pytest.mark.parametrize("shift", [False, True])
 def test_mdlm_loss_equals_numpy(shift):
   obj = objective("mdlm", shift=shift)

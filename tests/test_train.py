@@ -116,6 +116,23 @@ def test_chunked_loss_equals_the_plain_one(data_dir, objective):
   _assert_close(p0, p1, 1e-6)
 
 
+def test_stratified_mdlm_is_the_same_step_split_or_sharded(data_dir):
+  """objective.t_draw=stratified indexes the strata by global row: 4 micro-batches and an
+  8-device mesh draw the t of one large batch on one device."""
+  config = _config(data_dir, "--config.objective.name=mdlm",
+                   "--config.objective.t_draw=stratified")
+  batch = _batch()
+  one = make_mesh(1, 1, 1, devices=jax.devices()[:1])
+  p1, m1 = _run_step(config, batch, one)
+  p4, m4 = _run_step(config, batch, one, accum=4)
+  p8, m8 = _run_step(config, batch, make_mesh(2, 2, 2))
+  plain = _run_step(_config(data_dir, "--config.objective.name=mdlm"), batch, one)[1]
+  assert abs(m1["loss"] - plain["loss"]) > 1e-3  # the draw changed
+  assert abs(m1["loss"] - m4["loss"]) < 1e-5 and abs(m1["loss"] - m8["loss"]) < 1e-5
+  _assert_close(p1, p4, 1e-6)
+  _assert_close(p1, p8, 1e-5)
+
+
 def test_accumulation_shrinks_the_compiled_temp_memory(data_dir):
   """Every micro-batch runs inside the scan, so only one micro-batch's activations are
   live: accum 2 needs at most 0.6x accum 1's temp memory (about 2x when the first ran

@@ -1,7 +1,9 @@
 """MDLM: bidirectional masked diffusion (METHODS.md section 4, a baseline).
 
-Per row t ~ U(t_eps, 1); every maskable token is replaced by [MASK] with probability t, and
-at least one per row is (the one with the smallest random key), so no row is wasted. The
+Per row t ~ U(t_eps, 1) (t_draw=stratified: the step's rows spread evenly over [0, 1), the
+MDLM paper's low-discrepancy sampler; each row is still uniform); every maskable token is
+replaced by [MASK] with probability t, and at least one per row is (the one with the
+smallest random key), so no row is wasted. The
 model reads the corrupted row under a bidirectional mask (within each packed document).
 
   shift=False (LLaDA style): the output at q predicts the clean token at q;
@@ -58,6 +60,16 @@ def check_t_eps(cfg, objective: str) -> float:
   if not 0.0 <= t_eps < 1.0:
     raise ConfigError(f"objective.t_eps={t_eps!r} ({objective}): must lie in [0, 1)")
   return t_eps
+
+
+T_DRAWS = ("independent", "stratified")
+
+
+def check_t_draw(cfg, objective: str) -> str:
+  draw = str(cfg.get("t_draw", "independent"))
+  if draw not in T_DRAWS:
+    raise ConfigError(f"objective.t_draw={draw!r} ({objective}): choose one of {T_DRAWS}")
+  return draw
 
 
 def row_keys(rng, batch_size: int):
@@ -121,13 +133,19 @@ class MDLM(Objective):
     self.mask_id = require_mask_id(model_cfg, self.name)
     self.t_eps = check_t_eps(cfg, self.name)
     self.shift = bool(cfg.shift)
+    self.low_discrepancy = check_t_draw(cfg, self.name) == "stratified"
 
   def corrupt(self, batch, rng):
     tokens, seg = batch["tokens"], batch["segment_ids"]
     b, l = tokens.shape
     eligible = maskable(seg, batch["loss_mask"], self.shift)
     keys = row_keys(rng, b)
-    t = self.t_eps + (1.0 - self.t_eps) * row_uniform(keys, (), 0)  # [B]
+    # The trainer hands each row its stratum (train/step.py:step_strata); a direct call
+    # without one draws t independently, as t_draw=independent does.
+    u = batch["stratum"] if self.low_discrepancy and "stratum" in batch else None
+    if u is None:
+      u = row_uniform(keys, (), 0)
+    t = self.t_eps + (1.0 - self.t_eps) * u  # [B]
     u = row_uniform(keys, (l,), 1)
     t_pos = jnp.broadcast_to(t[:, None], (b, l))
     masked = bernoulli_at_least_one(u, t_pos, eligible, jnp.zeros((b, l), jnp.int32), 1)

@@ -20,12 +20,17 @@ from cardjax.objectives.base import ModelInputs, Objective
 from cardjax.objectives.chunked_ce import HeadInputs
 
 
-def corrupt_rows(objective: Objective, batch: dict, keys: jax.Array) -> ModelInputs:
-  """objective.corrupt on each row with its own key (vmapped), as one batch again."""
+def corrupt_rows(objective: Objective, batch: dict, keys: jax.Array,
+                 strata: jax.Array | None = None) -> ModelInputs:
+  """objective.corrupt on each row with its own key (vmapped), as one batch again. With
+  `strata` ([rows] in [0, 1), step_strata), each row also gets its own `stratum`, which an
+  objective with a low-discrepancy t draw reads instead of a uniform of its key."""
   def one(row, key):
     out = objective.corrupt({k: v[None] for k, v in row.items()}, key)
     return jax.tree.map(lambda x: x[0], out)
 
+  if strata is not None:
+    batch = dict(batch, stratum=strata)
   return jax.vmap(one)(batch, keys)
 
 
@@ -33,6 +38,20 @@ def step_row_keys(seed_key: jax.Array, step, rows: int) -> jax.Array:
   """One key per row of a step's global batch: fold_in(fold_in(seed, step), row)."""
   step_key = jax.random.fold_in(seed_key, step)
   return jax.vmap(lambda r: jax.random.fold_in(step_key, r))(jnp.arange(rows))
+
+
+# The stream the strata's offsets come from: one fold_in of the seed no step reaches.
+_STRATA_STREAM = 2**31 - 2
+
+
+def step_strata(seed_key: jax.Array, step, rows: int) -> jax.Array:
+  """frac(u + r / rows) for each global row r, u ~ U(0, 1) once per step: every row is still
+  uniform, but the step's rows cover [0, 1) evenly (the MDLM paper's low-discrepancy
+  sampler, which lowers the variance of the loss over t). Indexed by the global row, so a
+  mesh or accumulation split draws the same strata as one large batch."""
+  offset_key = jax.random.fold_in(jax.random.fold_in(seed_key, _STRATA_STREAM), step)
+  u = jax.random.uniform(offset_key, ())
+  return jnp.mod(u + jnp.arange(rows, dtype=jnp.float32) / rows, 1.0)
 
 
 def forward(graphdef, params, inputs: ModelInputs, loss_chunk: int = 0):
@@ -48,8 +67,8 @@ def forward(graphdef, params, inputs: ModelInputs, loss_chunk: int = 0):
 
 def make_train_step(graphdef, objective: Objective, tx: optax.GradientTransformation,
                     seed: int, accum: int, loss_chunk: int = 0):
-  def micro_loss(params, micro, keys):
-    inputs = corrupt_rows(objective, micro, keys)
+  def micro_loss(params, micro, keys, strata):
+    inputs = corrupt_rows(objective, micro, keys, strata)
     loss, metrics = objective.loss(forward(graphdef, params, inputs, loss_chunk), inputs)
     n = jax.lax.stop_gradient(objective.normalizer(inputs))
     return loss * n, (n, metrics)
@@ -66,6 +85,7 @@ def make_train_step(graphdef, objective: Objective, tx: optax.GradientTransforma
     size = rows // accum
     micro = jax.tree.map(lambda x: x.reshape((accum, size) + x.shape[1:]), batch)
     keys = step_row_keys(seed_key, step, rows).reshape(accum, size)
+    strata = step_strata(seed_key, step, rows).reshape(accum, size)
 
     def body(carry, xs):
       grads, total, norm, metrics = carry
@@ -74,15 +94,17 @@ def make_train_step(graphdef, objective: Objective, tx: optax.GradientTransforma
       return (jax.tree.map(jnp.add, grads, g), total + weighted, norm + n, metrics), None
 
     if accum == 1:
-      (weighted, (n, m)), g = grad_fn(params, jax.tree.map(lambda x: x[0], micro), keys[0])
+      (weighted, (n, m)), g = grad_fn(params, jax.tree.map(lambda x: x[0], micro), keys[0],
+                                      strata[0])
       carry = (g, weighted, n, jax.tree.map(lambda b: b * n, m))
     else:
       # Every micro-batch inside the scan, from a zero carry: with the first one outside
       # (to learn the metrics' shapes) XLA kept its activations live beside the scan's,
       # so accum 2 needed about twice accum 1's temp memory instead of about half.
-      shapes = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro), keys[0])
+      shapes = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro), keys[0],
+                              strata[0])
       (weighted, (n, m)), g = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
-      carry, _ = jax.lax.scan(body, (g, weighted, n, m), (micro, keys))
+      carry, _ = jax.lax.scan(body, (g, weighted, n, m), (micro, keys, strata))
     grads, total, norm, metrics = carry
     norm = jnp.maximum(norm, 1e-9)
     grads = jax.tree.map(lambda g: g / norm, grads)
@@ -111,8 +133,9 @@ def make_eval_step(graphdef, objective: Objective, seed: int, loss_chunk: int = 
   """Objective loss (fixed corruption per eval row) and the plain AR NLL of the clean text."""
   def eval_fn(params, batch, index):
     eval_key = jax.random.fold_in(jax.random.key(seed), 2**31 - 1)  # never a train step
-    keys = step_row_keys(eval_key, index, batch["tokens"].shape[0])
-    inputs = corrupt_rows(objective, batch, keys)
+    rows = batch["tokens"].shape[0]
+    inputs = corrupt_rows(objective, batch, step_row_keys(eval_key, index, rows),
+                          step_strata(eval_key, index, rows))
     loss, metrics = objective.loss(forward(graphdef, params, inputs, loss_chunk), inputs)
     model = nnx.merge(graphdef, params)
     nll = objective.ar_nll(lambda t, p, s: model(t, positions=p, segment_ids=s), batch)
