@@ -3,8 +3,8 @@
 Per row t ~ U(t_eps, 1) (t_draw=stratified: the step's rows spread evenly over [0, 1), the
 MDLM paper's low-discrepancy sampler; each row is still uniform); every maskable token is
 replaced by [MASK] with probability t, and at least one per row is (the one with the
-smallest random key), so no row is wasted. The
-model reads the corrupted row under a bidirectional mask (within each packed document).
+smallest random key), so no row is wasted. The model reads the corrupted row under a
+bidirectional mask (within each packed document).
 
   shift=False (LLaDA style): the output at q predicts the clean token at q;
                               weight = masked(q) / t.
