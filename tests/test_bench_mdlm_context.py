@@ -52,3 +52,31 @@ def test_masked_ce_equals_numpy(shift):
         total -= logp[r, at, b["tokens"][r, q]]
         count += 1
     assert got[t] == pytest.approx(total / count, rel=1e-5)
+
+
+def test_every_step_probes_each_kept_checkpoint(tmp_path, monkeypatch):
+  """--every-step: one row per kept checkpoint, oldest first, each from that step's weights
+  (the CE by t over training)."""
+  import json
+  import sys
+
+  from cardjax.config import load_config
+  from cardjax.data.prepare import prepare
+  from cardjax.train import train
+
+  config = load_config("configs/tiny_mdlm.py", [
+      f"--config.data.data_dir={tmp_path / 'data'}", "--config.data.options.max_files=40",
+      "--config.data.options.validation_percent=10", "--config.data.seq_len=32",
+      "--config.train.steps=6", "--config.train.checkpoint_every=3",
+      "--config.train.eval_every=0", "--config.train.progress=false",
+      "--config.train.lr=5e-2"])
+  prepare(config)
+  train(config, tmp_path / "run")
+  out = tmp_path / "rows.json"
+  monkeypatch.setattr(sys, "argv", ["mdlm_context", str(tmp_path / "run"), "--batches", "1",
+                                    "--every-step", "--json", str(out)])
+  ctx.main()
+  rows = json.loads(out.read_text())["rows"]
+  assert [r["step"] for r in rows] == [3, 6]
+  assert rows[0]["masked_ce"] != rows[1]["masked_ce"]  # two sets of weights
+  assert all(set(r["masked_ce"]) == {str(t) for t in ctx.RATES} for r in rows)

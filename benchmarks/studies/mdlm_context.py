@@ -1,6 +1,7 @@
 """Does a masked-diffusion (MDLM) checkpoint use its context? Masked CE by mask rate.
 
   python -m benchmarks.studies.mdlm_context RUN [RUN ...] [--data-dir DIR] [--batches 8]
+      [--every-step]
 
 For each run (a `cardjax train` folder of an mdlm model) and each fixed mask rate t, masks
 every maskable token of the first --batches validation batches with probability t (the same
@@ -12,11 +13,13 @@ A model that reads its context predicts a token far better when 95% of the row i
 (t = 0.05) than when none is (t = 1); a model whose CE is flat in t and sits at the unigram
 entropy has learned token frequencies only, and text decoded from it (DUS, EB, ...) is close
 to a unigram draw, whatever the decoder. The trainer's eval loss (the ELBO, an average over
-t) cannot tell these two apart as directly.
+t) cannot tell these two apart as directly. --every-step probes every checkpoint a run kept,
+oldest first: the CE by t over training.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -68,12 +71,26 @@ def masked_ce_by_rate(loaded, batches, rates=RATES, seed: int = 0) -> dict[float
   return out
 
 
+def _models(loaded, every_step: bool):
+  """(step, model) of the latest checkpoint, or of every kept one, oldest first."""
+  if not every_step:
+    yield loaded.step, loaded.model
+    return
+  from cardjax import checkpoint
+
+  for step in checkpoint.saved_steps(loaded.root):
+    yield step, (loaded.model if step == loaded.step
+                 else checkpoint.restore_model(loaded.root, step=step)[0])
+
+
 def main() -> None:
   parser = arg_parser(__spec__, __doc__)
   parser.add_argument("runs", nargs="+", help="mdlm run folders")
   parser.add_argument("--data-dir", default="", help="where the runs' dataset is built "
                       "(default: the first run's data.data_dir; every run reads its batches)")
   parser.add_argument("--batches", type=int, default=8, help="validation batches")
+  parser.add_argument("--every-step", action="store_true",
+                      help="probe every kept checkpoint of each run, not only the latest")
   parser.add_argument("--json", default="", help="also write the rows here")
   args = parser.parse_args()
 
@@ -94,11 +111,12 @@ def main() -> None:
       entropy = unigram_entropy(batches)
       print("| run | step | " + " | ".join(f"t={t}" for t in RATES)
             + " | unigram entropy |\n|---|---|" + "---|" * (len(RATES) + 1), flush=True)
-    ce = masked_ce_by_rate(loaded, batches)
-    rows.append({"run": str(path), "step": loaded.step, "masked_ce": ce,
-                 "unigram_entropy": entropy})
-    print(f"| {path} | {loaded.step} | " + " | ".join(f"{ce[t]:.2f}" for t in RATES)
-          + f" | {entropy:.2f} |", flush=True)
+    for step, model in _models(loaded, args.every_step):
+      ce = masked_ce_by_rate(dataclasses.replace(loaded, model=model), batches)
+      rows.append({"run": str(path), "step": step, "masked_ce": ce,
+                   "unigram_entropy": entropy})
+      print(f"| {path} | {step} | " + " | ".join(f"{ce[t]:.2f}" for t in RATES)
+            + f" | {entropy:.2f} |", flush=True)
   if args.json:
     Path(args.json).write_text(json.dumps({"machine": info, "rows": rows},
                                           indent=1) + "\n")
