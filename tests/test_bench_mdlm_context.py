@@ -54,9 +54,14 @@ def test_masked_ce_equals_numpy(shift):
     assert got[t] == pytest.approx(total / count, rel=1e-5)
 
 
+def test_midpoint_rule_rates():
+  assert ctx.midpoints(4) == (0.125, 0.375, 0.625, 0.875)
+  assert ctx.elbo({0.25: 2.0, 0.75: 4.0}) == 3.0
+
+
 def test_every_step_probes_each_kept_checkpoint(tmp_path, monkeypatch):
   """--every-step: one row per kept checkpoint, oldest first, each from that step's weights
-  (the CE by t over training)."""
+  (the CE by t over training); the ELBO column and an AR run's NLL on the same batches."""
   import json
   import sys
 
@@ -72,11 +77,26 @@ def test_every_step_probes_each_kept_checkpoint(tmp_path, monkeypatch):
       "--config.train.lr=5e-2"])
   prepare(config)
   train(config, tmp_path / "run")
+  ar = config.copy_and_resolve_references()
+  ar.objective.name, ar.train.steps = "ar", 2
+  train(ar, tmp_path / "ar")
   out = tmp_path / "rows.json"
   monkeypatch.setattr(sys, "argv", ["mdlm_context", str(tmp_path / "run"), "--batches", "1",
-                                    "--every-step", "--json", str(out)])
+                                    "--every-step", "--elbo-points", "2", "--ar",
+                                    str(tmp_path / "ar"), "--json", str(out)])
   ctx.main()
-  rows = json.loads(out.read_text())["rows"]
+  data = json.loads(out.read_text())
+  rows = data["rows"]
+  assert math.isfinite(data["ar_nll"]) and data["ar_nll"] > 0
+  for r in rows:
+    assert r["elbo_over_ar_nll"] == pytest.approx(r["elbo"] / data["ar_nll"])
   assert [r["step"] for r in rows] == [3, 6]
   assert rows[0]["masked_ce"] != rows[1]["masked_ce"]  # two sets of weights
   assert all(set(r["masked_ce"]) == {str(t) for t in ctx.RATES} for r in rows)
+  from cardjax.eval import nll
+  from cardjax.restore import load_run
+
+  loaded = load_run(tmp_path / "run")  # the latest step: the ELBO is the midpoints' mean
+  batches = nll.validation_batches(nll.data_config(loaded), "validation", 1)
+  want = ctx.masked_ce_by_rate(loaded, batches, (0.25, 0.75), seed=1)
+  assert rows[-1]["elbo"] == pytest.approx(sum(want.values()) / 2, rel=1e-6)
