@@ -4,7 +4,8 @@
       [--tasks arith,code] [--seeds 0,1,2] [--train-jobs 2]
 
 1. Builds arith_sft and python_stdlib and trains the models of configs/decode_bench.py
-   (sft, then mars from it; ar, card, card_half, mdlm), reusing finished runs.
+   (sft, then mars from it; ar, then mdlm_a2d from it; card, card_half, mdlm), reusing
+   finished runs.
 2. arith: AR (SFT model) vs MARS over a tau sweep (window and block-level cache) and
    self-verified MARS; exact match on the test problems.
 3. code: AR vs CARD blocks (confidence tau sweep, DUS, EB, CB) for clean_fraction 0 and
@@ -38,7 +39,9 @@ from cardjax.train import train
 
 from benchmarks.common import Tee, announce, arg_parser, pyplot, run_dir
 
-MODELS = ("sft", "mars", "ar", "card", "card_half", "mdlm")
+MODELS = ("sft", "mars", "ar", "card", "card_half", "mdlm", "mdlm_a2d")
+# Models trained from another's weights (train.init_from): model -> the run it starts from.
+STARTS_FROM = {"mars": "sft", "mdlm_a2d": "ar"}
 PROMPT_LEN = 32  # code prompts: ids taken from held-out documents
 
 
@@ -60,8 +63,9 @@ def train_models(workdir: Path, data_dir: Path, scale: float, names=MODELS,
   for name in names:
     flags = [f"--config.data.data_dir={data_dir}", "--config.train.progress=false",
              f"--config.seed={seed}"]
-    if name == "mars":
-      flags.append(f"--config.train.init_from={runs['sft'] / 'checkpoints'}")
+    if name in STARTS_FROM:
+      start_run = run_dir(workdir, STARTS_FROM[name], seed)
+      flags.append(f"--config.train.init_from={start_run / 'checkpoints'}")
     config = load_config(f"configs/decode_bench.py:{name}", flags)
     if scale != 1.0:
       config.train.steps = max(10, int(config.train.steps * scale))
@@ -152,13 +156,15 @@ def prepare_data(data_dir: Path, names) -> None:
 
 
 def training_units(names, seeds: list[int]) -> list[tuple[int, list[str]]]:
-  """The runs to train as (seed, names) units, each trained by one job in order: a seed's
-  sft and mars together (mars starts from that sft), every other model on its own."""
+  """The runs to train as (seed, names) units, each trained by one job in order: a model
+  and those that start from its weights together (sft then mars, ar then mdlm_a2d), every
+  other model on its own."""
   units = []
   for seed in seeds:
-    arith = [n for n in ("sft", "mars") if n in names]
-    units += [(seed, arith)] if arith else []
-    units += [(seed, [n]) for n in names if n not in ("sft", "mars")]
+    for name in names:
+      if name in STARTS_FROM and STARTS_FROM[name] in names:
+        continue  # trained in its starting model's unit
+      units.append((seed, [name] + [n for n in names if STARTS_FROM.get(n) == name]))
   return units
 
 
@@ -318,8 +324,9 @@ def main() -> None:
                                min_seconds=min_seconds, log=log)
     if code_models:
       rows += suite.code_rows(loaded["ar"],
-                              {m: loaded[m] for m in code_models if m != "mdlm"},
-                              loaded.get("mdlm"), sets["code"], batches=batches, taus=card_taus,
+                              {m: loaded[m] for m in code_models if not m.startswith("mdlm")},
+                              {m: loaded[m] for m in code_models if m.startswith("mdlm")},
+                              sets["code"], batches=batches, taus=card_taus,
                               block=8, max_new_tokens=64, repeats=repeats,
                               min_seconds=min_seconds, log=log)
     return rows

@@ -79,7 +79,7 @@ def _decode(workdir: Path) -> list[dict]:
   rows = suite.arith_rows(runs["sft"], runs["mars"], suite.arith_inputs(runs["sft"], 8),
                           batches=(4,), taus=(1.0, 0.9, 0.7), block=4, cache_block=8,
                           max_new_tokens=48, log=log)
-  rows += suite.code_rows(runs["ar"], {"card": runs["card"]}, None,
+  rows += suite.code_rows(runs["ar"], {"card": runs["card"]}, {},
                           suite.code_inputs(runs["ar"], 8, prompt_len=16), batches=(4,),
                           taus=(0.9, 0.5), block=8, max_new_tokens=32, log=log)
   (workdir / "decode.md").write_text(suite.table(rows) + "\n")

@@ -9,6 +9,8 @@
   mdlm       MDLM on python_stdlib (bidirectional; the family DUS/EB/CB target): Dream-style
              shifted outputs, stratified t, 32 rows a step (the recipe that reads its
              context, docs/reproducibility.md)
+  mdlm_a2d   the same recipe started from the ar run's weights (the AR-to-diffusion route of
+             Dream and dllm's A2D; train.init_from, set by the bench), 1000 steps at lr 1e-3
   mdlm_readmes  the same recipe on a second corpus: the package descriptions (README text,
              mostly English prose and markdown) in the METADATA files of the running
              interpreter's installed distributions, 10% held out
@@ -22,12 +24,14 @@ import sysconfig
 from cardjax.config import load_config
 
 BASES = {"sft": "tiny_sft", "mars": "tiny_mars", "ar": "tiny_ar", "card": "tiny_card",
-         "card_half": "tiny_card", "mdlm": "tiny_mdlm", "mdlm_readmes": "tiny_mdlm"}
+         "card_half": "tiny_card", "mdlm": "tiny_mdlm", "mdlm_a2d": "tiny_mdlm",
+         "mdlm_readmes": "tiny_mdlm"}
 STEPS = {"sft": 4000, "mars": 1000, "ar": 2400, "card": 2400, "card_half": 2400, "mdlm": 2000,
-         "mdlm_readmes": 2000}
+         "mdlm_a2d": 1000, "mdlm_readmes": 2000}
 # Checkpoints kept along the way, so benchmarks/code_spread.py and mdlm_context.py
 # --every-step can show whether a code recipe has settled (the newest 3 are kept; mdlm 4).
-CHECKPOINTS = {"ar": 800, "card": 800, "card_half": 800, "mdlm": 500, "mdlm_readmes": 500}
+CHECKPOINTS = {"ar": 800, "card": 800, "card_half": 800, "mdlm": 500, "mdlm_a2d": 250,
+               "mdlm_readmes": 500}
 
 
 def get_config(name: str = "sft"):
@@ -43,8 +47,8 @@ def get_config(name: str = "sft"):
   c.train.warmup_steps = 50
   c.train.eval_every = 0
   c.train.checkpoint_every = CHECKPOINTS.get(name, STEPS[name])
-  if name == "mars":
-    c.train.lr = 1e-3  # fine-tuning the SFT model: a gentler rate than from scratch
+  if name in ("mars", "mdlm_a2d"):
+    c.train.lr = 1e-3  # fine-tuning a trained model: a gentler rate than from scratch
   if name == "card_half":
     c.objective.clean_fraction = 0.5
   if name.startswith("mdlm"):

@@ -12,6 +12,11 @@ def test_units_keep_mars_with_its_sft():
   assert decode.training_units(["ar", "mdlm"], [2]) == [(2, ["ar"]), (2, ["mdlm"])]
 
 
+def test_units_keep_the_a2d_mdlm_with_its_ar():
+  units = decode.training_units(["ar", "mdlm", "mdlm_a2d"], [0])
+  assert units == [(0, ["ar", "mdlm_a2d"]), (0, ["mdlm"])]
+
+
 def test_shares_even_out_the_steps():
   # 3 seeds of ar, card, card_half (2400 steps) and mdlm (2000): 9 equal runs and 3 smaller.
   cost = {"ar": 2400, "card": 2400, "card_half": 2400, "mdlm": 2000}

@@ -115,11 +115,11 @@ def arith_rows(sft: LoadedRun, mars: LoadedRun, inputs: dict, batches: Sequence[
   return rows
 
 
-def code_rows(ar: LoadedRun, cards: dict, mdlm: LoadedRun | None, inputs: dict,
+def code_rows(ar: LoadedRun, cards: dict, mdlms: dict | None, inputs: dict,
               batches: Sequence[int], taus: Sequence[float], block: int, max_new_tokens: int,
               log=print, repeats: int = 1, min_seconds: float = 0.0) -> list[dict]:
-  """AR, CARD (each of `cards`: name -> run) and MDLM continuations of code prompts
-  (code_inputs)."""
+  """AR, CARD (each of `cards`: name -> run) and MDLM (each of `mdlms`: name -> run)
+  continuations of code prompts (code_inputs)."""
   tok = ar.tokenizer
   prompts = inputs["prompts"]
   # No stop ids: every method writes max_new_tokens, so forwards follow the schedule.
@@ -156,14 +156,32 @@ def code_rows(ar: LoadedRun, cards: dict, mdlm: LoadedRun | None, inputs: dict,
           base)
       add(go(card, "cb", dataclasses.replace(base_opt, tau=0.7, spacing=True), batch), name,
           "cb", f"tau=0.7 spacing B={block}", base)
-    if mdlm is not None:
-      shift = bool(mdlm.config.objective.shift)
-      opt = dataclasses.replace(base_opt, shift=shift)
-      add(go(mdlm, "dus", opt, batch), "mdlm", "dus", f"B={block}", base)
-      add(go(mdlm, "dus", dataclasses.replace(opt, planner="topk"), batch), "mdlm",
-          "confidence", f"topk, DUS forwards, B={block}", base)
-      add(go(mdlm, "eb", dataclasses.replace(opt, spacing=True), batch), "mdlm", "eb",
-          f"gamma={opt.gamma} spacing B={block}", base)
+    for name, mdlm in (mdlms or {}).items():
+      opt = dataclasses.replace(base_opt, shift=mdlm.shift)
+      for setting, method, o in mdlm_settings(opt, block):
+        add(go(mdlm, method, o, batch), name, method, setting, base)
+  return rows
+
+
+def mdlm_settings(opt: Options, block: int) -> list[tuple[str, str, Options]]:
+  """(setting, method, options) of the MDLM rows: the DUS paper's comparison. DUS against
+  the confidence planner at the same forwards (topk at DUS's round sizes) at B and at 4B,
+  the adaptive EB and CB samplers with the spacing filter off and on, and one token a
+  forward (CB at tau 1: the most confident slot only), the quality ceiling."""
+  wide = 4 * block
+  rows = []
+  for b in (block, wide):
+    at_b = dataclasses.replace(opt, block=b)
+    rows += [(f"B={b}", "dus", at_b),
+             (f"topk, DUS forwards, B={b}", "dus", dataclasses.replace(at_b, planner="topk"))]
+  for spacing in (False, True):
+    tag = " spacing" if spacing else ""
+    rows += [(f"gamma={opt.gamma}{tag} B={block}", "eb",
+              dataclasses.replace(opt, spacing=spacing)),
+             (f"tau=0.7{tag} B={block}", "cb", dataclasses.replace(opt, tau=0.7,
+                                                                   spacing=spacing))]
+  rows.append((f"tau=1 (one token a forward) B={block}", "cb",
+               dataclasses.replace(opt, tau=1.0)))
   return rows
 
 
