@@ -18,9 +18,10 @@ def test_settings_pair_dus_with_topk_at_the_same_forwards_and_spacing_both_ways(
   for b in (8, 32):
     dus, topk = by_name["dus", f"B={b}"], by_name["dus", f"topk, DUS forwards, B={b}"]
     assert dus.block == topk.block == b and topk.planner == "topk" and not dus.planner
-  for method, setting in (("eb", "gamma=1.0{} B=8"), ("cb", "tau=0.7{} B=8")):
+  for method, setting in (("eb", "gamma=16.0{} B=8"), ("cb", "tau=0.7{} B=8")):
     assert not by_name[method, setting.format("")].spacing
-    assert by_name[method, setting.format(" spacing")].spacing
+    spaced = by_name[method, setting.format(" spacing g0=2")]
+    assert spaced.spacing and spaced.g0 == 2  # B / 4: the DUS code's 8 for blocks of 32
   assert by_name["cb", "tau=1 (one token a forward) B=8"].tau == 1.0
   assert all(opt.shift for opt in by_name.values())  # the model's output convention kept
 
@@ -54,3 +55,24 @@ def test_code_rows_decode_every_mdlm_setting_at_its_forwards(runs):
   one = mdlm_rows["cb", "tau=1 (one token a forward) B=4"]
   assert one["tokens_per_forward"] == pytest.approx(1.0, abs=0.1)
   assert all(math.isfinite(r["judge_nll"]) for r in mdlm_rows.values())
+
+
+def test_the_spacing_gap_reaches_the_decoder(runs):
+  from cardjax.decoding.methods import make_decoder
+
+  _, mdlm = runs
+  decode = make_decoder("eb", mdlm.frozen, "mdlm", Options(block=8, spacing=True, g0=2))
+  assert decode.keywords["g0"] == 2 and decode.keywords["spacing"]
+
+
+def test_generate_flag_g0_sets_the_spacing_gap():
+  import argparse
+
+  from cardjax.decoding import cli
+
+  parser = argparse.ArgumentParser()
+  cli.add_decoding_arguments(parser)
+  args = parser.parse_args(["--method", "eb", "--spacing", "--g0", "2"])
+  opt = cli.options_from_args(args, stop_ids=(), pad_id=0, block=8)
+  assert opt.spacing and opt.g0 == 2
+  assert cli.options_from_args(parser.parse_args([]), (), 0, 8).g0 == 8  # the DUS code's

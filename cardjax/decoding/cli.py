@@ -41,6 +41,9 @@ def add_decoding_arguments(p) -> None:
   p.add_argument("--remask", type=float, default=0.0,
                  help="dus: re-mask new tokens below this probability (0: off)")
   p.add_argument("--spacing", action="store_true", help="eb / cb: dilation spacing filter")
+  p.add_argument("--g0", type=int, default=8,
+                 help="--spacing: initial gap, max(2, masks left * g0 // block); 8 suits "
+                      "blocks of 32, block // 4 keeps that ratio")
   p.add_argument("--base", type=int, default=2, help="dus: dilation base")
   p.add_argument("--max-new-tokens", type=int, default=64)
   p.add_argument("--temperature", type=float, default=0.0,
@@ -79,4 +82,5 @@ def options_from_args(args, stop_ids, pad_id: int, block: int, shift: bool = Fal
       temperature=args.temperature, top_p=args.top_p, seed=args.seed, tau=args.tau,
       block=block, rule=args.rule, cache_block=args.cache_block, verify=args.verify,
       window=args.window, accept=args.accept_window, order=args.order, steps=args.steps,
-      gamma=args.gamma, remask=args.remask, spacing=args.spacing, base=args.base, shift=shift)
+      gamma=args.gamma, remask=args.remask, spacing=args.spacing, g0=args.g0, base=args.base,
+      shift=shift)

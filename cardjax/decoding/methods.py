@@ -70,6 +70,7 @@ class Options:
   gamma: float = 1.0  # eb: entropy budget
   remask: float = 0.0  # dus: re-mask new tokens under this probability (0: off)
   spacing: bool = False  # eb / cb: the dilation spacing filter
+  g0: int = 8  # spacing: gap = max(2, M_rem * g0 // B); 8 is the DUS code's, for B = 32
   base: int = 2  # dus: dilation base a
   shift: bool = False  # mdlm checkpoints: output q predicts q + 1 (Dream style)
   planner: str = ""  # card / dus / eb / cb: override the method's planner (e.g. "topk")
@@ -118,7 +119,7 @@ def _decoder(method: str, model, objective: str | None, opt: Options) -> Callabl
                              **common)
   planner = opt.planner or {"card": opt.order, "dus": "dus", "eb": "eb", "cb": "cb"}[method]
   knobs = dict(block=opt.block, planner=planner, tau=opt.tau, gamma=opt.gamma,
-               remask=opt.remask, spacing=opt.spacing, base=opt.base,
+               remask=opt.remask, spacing=opt.spacing, base=opt.base, g0=opt.g0,
                steps=opt.steps or None, mask_id=mask_id, **common)
   if diffusion_family(objective) == "mdlm":
     from cardjax.decoding import mdlm

@@ -163,23 +163,31 @@ def code_rows(ar: LoadedRun, cards: dict, mdlms: dict | None, inputs: dict,
   return rows
 
 
+# EB's entropy budget in the MDLM rows (bits): at gamma 1 the benchmark's MDLM models take
+# one token a forward; at 16 about DUS's forwards at B = 8 (2.67 tokens a forward, seed 0).
+EB_GAMMA = 16.0
+
+
 def mdlm_settings(opt: Options, block: int) -> list[tuple[str, str, Options]]:
   """(setting, method, options) of the MDLM rows: the DUS paper's comparison. DUS against
   the confidence planner at the same forwards (topk at DUS's round sizes) at B and at 4B,
   the adaptive EB and CB samplers with the spacing filter off and on, and one token a
-  forward (CB at tau 1: the most confident slot only), the quality ceiling."""
+  forward (CB at tau 1: the most confident slot only), the quality ceiling. The spacing
+  filter's initial gap is B / 4, the DUS code's ratio (8 for blocks of 32): the default 8
+  would keep one slot a forward in a block of 8."""
   wide = 4 * block
   rows = []
   for b in (block, wide):
     at_b = dataclasses.replace(opt, block=b)
     rows += [(f"B={b}", "dus", at_b),
              (f"topk, DUS forwards, B={b}", "dus", dataclasses.replace(at_b, planner="topk"))]
+  g0 = max(1, block // 4)
   for spacing in (False, True):
-    tag = " spacing" if spacing else ""
-    rows += [(f"gamma={opt.gamma}{tag} B={block}", "eb",
-              dataclasses.replace(opt, spacing=spacing)),
+    tag = f" spacing g0={g0}" if spacing else ""
+    rows += [(f"gamma={EB_GAMMA}{tag} B={block}", "eb",
+              dataclasses.replace(opt, gamma=EB_GAMMA, spacing=spacing, g0=g0)),
              (f"tau=0.7{tag} B={block}", "cb", dataclasses.replace(opt, tau=0.7,
-                                                                   spacing=spacing))]
+                                                                   spacing=spacing, g0=g0))]
   rows.append((f"tau=1 (one token a forward) B={block}", "cb",
                dataclasses.replace(opt, tau=1.0)))
   return rows
