@@ -10,7 +10,8 @@
              shifted outputs, stratified t, 32 rows a step (the recipe that reads its
              context, docs/reproducibility.md)
   mdlm_a2d   the same recipe started from the ar run's weights (the AR-to-diffusion route of
-             Dream and dllm's A2D; train.init_from, set by the bench), 1000 steps at lr 1e-3
+             Dream and dllm's A2D), 1000 steps at lr 1e-3; train.init_from: the bench sets
+             the same seed's ar run, and alone it reads runs/bench_decode/runs/ar
   mdlm_readmes  the same recipe on a second corpus: the package descriptions (README text,
              mostly English prose and markdown) in the METADATA files of the running
              interpreter's installed distributions, 10% held out
@@ -54,6 +55,10 @@ def get_config(name: str = "sft"):
   if name.startswith("mdlm"):
     mdlm_recipe(c)
     c.train.keep_checkpoints = 4
+  if name == "mdlm_a2d":
+    # Never a silent random init: the seed-0 AR run of benchmarks/decode.py's default
+    # workdir unless the bench (or --config.train.init_from) names another.
+    c.train.init_from = "runs/bench_decode/runs/ar/checkpoints"
   if name == "mdlm_readmes":
     c.data.dataset = "text_corpus"
     c.data.options = {"paths": (sysconfig.get_paths()["purelib"] + "/*.dist-info/METADATA",),

@@ -64,3 +64,9 @@ def test_decode_bench_mdlm_is_the_recipe(name):
   config = load_config(f"configs/decode_bench.py:{name}")
   assert config.objective.shift and config.objective.t_draw == "stratified"
   assert config.data.batch_size == 32 and config.model.hidden_size == 128
+
+
+def test_a2d_starts_from_an_ar_run_unless_told_otherwise():
+  config = load_config("configs/decode_bench.py:mdlm_a2d")
+  assert config.train.init_from.endswith("runs/ar/checkpoints")
+  assert config.objective.shift and config.train.lr == 1e-3
