@@ -197,12 +197,18 @@ def _resolve_path(spec: str) -> tuple[Path, str | None]:
                     f"and {REPO_CONFIGS}); pass a path such as configs/tiny.py")
 
 
-def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
-  """Load `path.py` or `path.py:arg`, merge over the schema, apply overrides, validate."""
-  path, arg = _resolve_path(spec)
+def config_module(path: Path):
+  """The config file at `path` run as a module (its get_config and any helpers it defines)."""
   module_spec = importlib.util.spec_from_file_location(f"cardjax_config_{path.stem}", path)
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
+  return module
+
+
+def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+  """Load `path.py` or `path.py:arg`, merge over the schema, apply overrides, validate."""
+  path, arg = _resolve_path(spec)
+  module = config_module(path)
   if not hasattr(module, "get_config"):
     raise ConfigError(f"{path} has no get_config() function")
   user = module.get_config(arg) if arg is not None else module.get_config()

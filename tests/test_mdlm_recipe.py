@@ -12,24 +12,15 @@ Slow (two training runs, minutes): `make test-slow` runs it.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from benchmarks.studies import mdlm_context as ctx
-from cardjax.config import load_config
+from cardjax.config import config_module, load_config
 from cardjax.data.prepare import prepare
 from cardjax.eval import nll
 from cardjax.restore import load_run
 from cardjax.train import train
 from launch_helpers import ROOT
-
-
-def _decode_bench():
-  spec = importlib.util.spec_from_file_location("decode_bench", ROOT / "configs/decode_bench.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 def _masked_ce(data_dir, run, recipe: bool):
@@ -40,7 +31,7 @@ def _masked_ce(data_dir, run, recipe: bool):
       "--config.train.eval_every=0", "--config.train.checkpoint_every=1200",
       "--config.train.log_every=100", "--config.train.progress=false"])
   if recipe:
-    _decode_bench().mdlm_recipe(config)
+    config_module(ROOT / "configs/decode_bench.py").mdlm_recipe(config)
   assert config.data.batch_size == 32  # the recipe's rows: both runs see the same tokens
   prepare(config)
   train(config, run)
