@@ -34,6 +34,7 @@ from pathlib import Path
 from cardjax import machine
 from cardjax.config import load_config
 from cardjax.data.prepare import prepare
+from cardjax.decoding.methods import diffusion_family
 from cardjax.eval import suite
 from cardjax.train import train
 
@@ -324,8 +325,10 @@ def main() -> None:
                                min_seconds=min_seconds, log=log)
     if code_models:
       rows += suite.code_rows(loaded["ar"],
-                              {m: loaded[m] for m in code_models if not m.startswith("mdlm")},
-                              {m: loaded[m] for m in code_models if m.startswith("mdlm")},
+                              {m: loaded[m] for m in code_models
+                               if diffusion_family(loaded[m].objective) == "card"},
+                              {m: loaded[m] for m in code_models
+                               if diffusion_family(loaded[m].objective) == "mdlm"},
                               sets["code"], batches=batches, taus=card_taus,
                               block=8, max_new_tokens=64, repeats=repeats,
                               min_seconds=min_seconds, log=log)
