@@ -13,7 +13,7 @@ from serve_helpers import mars_run, save_run
 
 
 def test_settings_pair_dus_with_topk_at_the_same_forwards_and_spacing_both_ways():
-  got = suite.mdlm_settings(Options(block=8, shift=True), 8)
+  got = suite.mdlm_settings(Options(block=8, shift=True))
   by_name = {(method, setting): opt for setting, method, opt in got}
   for b in (8, 32):
     dus, topk = by_name["dus", f"B={b}"], by_name["dus", f"topk, DUS forwards, B={b}"]
@@ -45,7 +45,7 @@ def test_code_rows_decode_every_mdlm_setting_at_its_forwards(runs):
   rows = suite.code_rows(judge, {}, {"mdlm": mdlm}, {"prompts": prompts}, batches=(2,),
                          taus=(), block=4, max_new_tokens=16, log=lambda line: None)
   mdlm_rows = {(r["method"], r["setting"]): r for r in rows if r["model"] == "mdlm"}
-  assert len(mdlm_rows) == len(suite.mdlm_settings(Options(), 4))
+  assert len(mdlm_rows) == len(suite.mdlm_settings(Options(block=4)))
   # DUS at B: log2(B) forwards a block; topk at DUS forwards takes exactly as many.
   for b in (4, 16):
     dus, topk = mdlm_rows["dus", f"B={b}"], mdlm_rows["dus", f"topk, DUS forwards, B={b}"]

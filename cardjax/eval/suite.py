@@ -158,7 +158,7 @@ def code_rows(ar: LoadedRun, cards: dict, mdlms: dict | None, inputs: dict,
           "cb", f"tau=0.7 spacing B={block}", base)
     for name, mdlm in (mdlms or {}).items():
       opt = dataclasses.replace(base_opt, shift=mdlm.shift)
-      for setting, method, o in mdlm_settings(opt, block):
+      for setting, method, o in mdlm_settings(opt):
         add(go(mdlm, method, o, batch), name, method, setting, base)
   return rows
 
@@ -168,13 +168,14 @@ def code_rows(ar: LoadedRun, cards: dict, mdlms: dict | None, inputs: dict,
 EB_GAMMA = 16.0
 
 
-def mdlm_settings(opt: Options, block: int) -> list[tuple[str, str, Options]]:
+def mdlm_settings(opt: Options) -> list[tuple[str, str, Options]]:
   """(setting, method, options) of the MDLM rows: the DUS paper's comparison. DUS against
   the confidence planner at the same forwards (topk at DUS's round sizes) at B and at 4B,
   the adaptive EB and CB samplers with the spacing filter off and on, and one token a
   forward (CB at tau 1: the most confident slot only), the quality ceiling. The spacing
   filter's initial gap is B / 4, the DUS code's ratio (8 for blocks of 32): the default 8
-  would keep one slot a forward in a block of 8."""
+  would keep one slot a forward in a block of 8. B is opt.block."""
+  block = opt.block
   wide = 4 * block
   rows = []
   for b in (block, wide):
