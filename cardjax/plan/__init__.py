@@ -17,7 +17,8 @@ import math
 import re
 
 from cardjax.errors import CardjaxError
-from cardjax.plan.targets import GIB, Target, add_libtpu_path, parse_target, target_devices
+from cardjax.plan.targets import (GIB, XLA_GPU, Target, add_gpu_plugin_path, add_libtpu_path,
+                                  parse_target, target_devices)
 
 OOM = re.compile(r"RESOURCE_EXHAUSTED|[Oo]ut of memory|exceeds? .*memory|hbm capacity")
 
@@ -34,6 +35,11 @@ class Plan:
   flops_per_step: float = 0.0
   mesh: dict = dataclasses.field(default_factory=dict)
   compiler_error: str = ""  # the compiler's out-of-memory message, when it refused
+
+  @property
+  def compiler(self) -> str:
+    """Whose memory plan this is: xla-tpu, xla-gpu or xla-cpu-estimate."""
+    return self.target.compiler
 
   @property
   def hbm(self) -> int:
@@ -79,10 +85,11 @@ def accum_choices(config, data_parallel: int) -> list[int]:
           and (rows // a) % data_parallel == 0]
 
 
-def run_plan(config, topology: str, search: bool = True) -> list[Plan]:
+def run_plan(config, topology: str, search: bool = True, estimate: bool = False) -> list[Plan]:
   """Plans of the config as given and, if it does not fit, with more micro-batches until
-  one fits (each a compile). The last plan is the answer."""
-  target = parse_target(topology)
+  one fits (each a compile). The last plan is the answer. `estimate`: a GPU node on
+  simulated CPU devices even where XLA:GPU is ready."""
+  target = parse_target(topology, estimate)
   devices = target_devices(target)
   if target.slices != config.mesh.slices:  # the mesh follows the machine: data across slices
     config = copy.deepcopy(config)
@@ -111,14 +118,21 @@ def report(config, plans: list[Plan], mfu: float) -> str:
   t = first.target
   rows, seq = config.data.batch_size, config.data.seq_len
   slices = f" in {t.slices} slices over DCN" if t.slices > 1 else ""
-  lines = [f"plan: {config.name} on {t.name} ({t.chips} {t.chip} chips{slices}"
-           + (f", libtpu topology {t.libtpu_topology})" if t.libtpu_topology else ")"),
+  where = (f", libtpu topology {t.libtpu_topology}" if t.libtpu_topology
+           else f", XLA:GPU topology {t.gpu_topology}" if t.compiler == XLA_GPU else "")
+  lines = [f"plan: {config.name} on {t.name} ({t.chips} {t.chip} chips{slices}{where}); "
+           f"memory from {t.compiler}",
            f"  batch {rows} x seq {seq}, objective {config.objective.name}, "
            f"mesh {first.mesh}, remat {config.model.remat}, loss_chunk {config.train.loss_chunk}"]
   if t.estimate:
     lines.append("  memory: XLA:CPU's plan of the same program on simulated devices (an "
                  "estimate: the GPU compiler fuses and schedules differently; expect the same "
-                 "weights and optimizer state, and temporaries within tens of percent)")
+                 "weights and optimizer state, and different temporaries); "
+                 "`make install-gpu-plan` lets the plan compile with XLA:GPU itself")
+  elif t.compiler == XLA_GPU:
+    lines.append("  memory: XLA:GPU's buffer assignment for compile-only devices "
+                 "(cardjax/plan/gpu_specs.py), no GPU used; cuDNN and NCCL workspaces made at "
+                 "run time are not in it")
   for p in plans:
     if p.compiler_error:
       lines.append(f"  grad_accum {p.grad_accum}: the compiler refused it: {p.compiler_error}")
@@ -153,17 +167,21 @@ def report(config, plans: list[Plan], mfu: float) -> str:
   return "\n".join(lines)
 
 
-def plan_env(topology: str) -> None:
-  """Set before jax starts: CPU as the default backend (compile-only TPU devices run
-  nothing) and, for a GPU node, that many simulated CPU devices."""
+def plan_env(topology: str, estimate: bool = False) -> None:
+  """Set before jax starts: CPU as the default backend (compile-only devices run nothing),
+  libtpu for a TPU slice, jax's CUDA plugin for a GPU node (XLA:GPU's compile-only
+  devices) and, for a GPU estimate, that many simulated CPU devices."""
   import os
   import sys
 
-  target = parse_target(topology)
+  target = parse_target(topology, estimate)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   if target.platform == "tpu":
     add_libtpu_path()
-  if target.platform == "gpu":
+  if target.platform == "gpu" and not estimate and "jax" not in sys.modules:
+    add_gpu_plugin_path()
+    target = parse_target(topology, estimate)
+  if target.estimate:
     flag = f"--xla_force_host_platform_device_count={target.chips}"
     flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "",
                    os.environ.get("XLA_FLAGS", ""))

@@ -12,9 +12,10 @@ from cardjax.errors import CardjaxError
 DESCRIPTION = (
     "Compiles the config's real train step (no weights allocated) for a TPU slice (v4-N, "
     "v5p-N: N TensorCores, N/2 chips; v5e-N, v6e-N: N chips; compile-only devices from "
-    "libtpu, which `make install` puts beside the venv) or a GPU node (8xH200, 8xH100, "
-    "8xA100: simulated CPU devices, an estimate). Exit 0: fits as given; 3: fits with the "
-    "grad_accum printed; 1: does not fit.")
+    "libtpu, which `make install` puts beside the venv) or a GPU node (8xH200, 1xH100, "
+    "16xA100: compile-only devices of XLA:GPU when `make install-gpu-plan` has put jax's "
+    "CUDA plugin beside the venv, else simulated CPU devices, an estimate). Exit 0: fits as "
+    "given; 3: fits with the grad_accum printed; 1: does not fit.")
 
 
 def add_arguments(p) -> None:
@@ -24,12 +25,15 @@ def add_arguments(p) -> None:
   p.add_argument("--no-search", action="store_true",
                  help="do not try larger grad_accum when the step does not fit")
   p.add_argument("--json", default="", help="also write the plans to this JSON file")
+  p.add_argument("--estimate", action="store_true",
+                 help="GPU nodes: XLA:CPU's plan on simulated devices even where XLA:GPU is "
+                      "installed (to compare the two)")
 
 
 def before_jax(args) -> None:
   from cardjax.plan import plan_env
 
-  plan_env(args.topology)
+  plan_env(args.topology, args.estimate)
 
 
 def run(args) -> int:
@@ -44,11 +48,12 @@ def run(args) -> int:
     raise CardjaxError(f"--mfu={args.mfu} must lie in (0, 1] (e.g. 0.4 for 40%)")
   if args.json:  # a bucket that cannot take the JSON fails now, not after the compiles
     check(args.json)
-  plans = run_plan(config, args.topology, search=not args.no_search)
+  plans = run_plan(config, args.topology, search=not args.no_search, estimate=args.estimate)
   print(report(config, plans, args.mfu))
   if args.json:
     checked_path(args.json).write_text(json.dumps(  # local, gs:// or s3://
         {"config": args.config, "overrides": args.overrides, "topology": args.topology,
-         "mfu": args.mfu, "plans": [dict(vars(p), target=vars(p.target)) for p in plans]},
+         "mfu": args.mfu, "compiler": plans[0].compiler,
+         "plans": [dict(vars(p), target=vars(p.target), compiler=p.compiler) for p in plans]},
         indent=1))
   return 0 if plans[-1].fits and plans[-1] is plans[0] else (3 if plans[-1].fits else 1)

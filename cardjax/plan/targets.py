@@ -3,8 +3,14 @@
 TPU names follow Google Cloud's accelerator types: v4-N and v5p-N count TensorCores (two per
 chip, so v5p-64 is 32 chips), v5e-N (also v5litepod-N) and v6e-N count chips. They compile
 on compile-only devices from libtpu (`jax.experimental.topologies`), no TPU needed: real
-TPU memory plans. GPU nodes (8xH200, 8xH100, 8xA100) compile on simulated CPU devices:
-XLA:CPU's memory plan of the same program, an estimate (another compiler, no GPU fusions).
+TPU memory plans.
+
+GPU nodes (1xH100 ... 8xH200, several nodes as multiples of 8: 16xH100) compile with
+XLA:GPU itself on compile-only CUDA devices when jax's CUDA plugin is installed beside the
+venv (`make install-gpu-plan`: GPU_PLAN_DIR), from the target descriptions in
+cardjax/plan/gpu_specs.py: no GPU and no CUDA driver needed. Without the plugin (or with
+`estimate=True`) they compile on simulated CPU devices: XLA:CPU's memory plan of the same
+program, an estimate (another compiler, no GPU fusions), labelled as one.
 """
 
 from __future__ import annotations
@@ -16,9 +22,15 @@ import sys
 
 from cardjax.errors import CardjaxError
 from cardjax.peaks import peak_flops_for_kind
+from cardjax.plan.gpu_specs import GPU_SPECS
 
 # Where `make install` puts libtpu: beside the venv, so that only plan processes see it.
 LIBTPU_DIR = os.environ.get("CARDJAX_LIBTPU_DIR") or os.path.join(sys.prefix, "libtpu-plan")
+# Where `make install-gpu-plan` puts jax's CUDA plugin and ptxas, likewise: on the path of a
+# plan process only, since a plugin on every process's path would make jax look for a GPU.
+GPU_PLAN_DIR = os.environ.get("CARDJAX_GPU_PLAN_DIR") or os.path.join(sys.prefix, "gpu-plan")
+# The compilers a plan's memory comes from.
+XLA_TPU, XLA_GPU, XLA_CPU_ESTIMATE = "xla-tpu", "xla-gpu", "xla-cpu-estimate"
 
 GIB = 1 << 30
 # Per chip: HBM bytes, whether the Cloud name counts TensorCores, and whether the torus is
@@ -32,8 +44,8 @@ TPU_CHIPS = {
 TPU_ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e"}
 # libtpu's names for the compile-only topologies.
 LIBTPU_NAME = {"v4": "v4", "v5p": "v5", "v5e": "v5e", "v6e": "v6e"}
-# Per GPU: memory as nvidia-smi reports it.
-GPUS = {"H200": 143771 << 20, "H100": 81559 << 20, "A100": 81920 << 20}
+# Per GPU: memory as nvidia-smi reports it (cardjax/plan/gpu_specs.py has the rest).
+GPUS = {kind: spec.memory for kind, spec in GPU_SPECS.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,11 +58,18 @@ class Target:
   peak_per_chip: float  # FLOP/s, dense bf16
   libtpu_topology: str = ""  # e.g. "v5:2x4x4" (one slice); "" for GPUs
   slices: int = 1  # TPU slices over DCN (chips counts them all)
+  compiler: str = XLA_TPU  # XLA_TPU, XLA_GPU or XLA_CPU_ESTIMATE (set by target_devices)
 
   @property
   def estimate(self) -> bool:
     """True where the memory plan is XLA:CPU's stand-in, not the target's own compiler."""
-    return self.platform == "gpu"
+    return self.compiler == XLA_CPU_ESTIMATE
+
+  @property
+  def gpu_topology(self) -> str:
+    """XLA's compile-only CUDA topology: partitions x hosts x GPUs per host (8 a node)."""
+    per_host = min(self.chips, 8)
+    return f"1x{self.chips // per_host}x{per_host}"
 
 
 def _torus(chips: int, dims: int) -> str:
@@ -66,8 +85,10 @@ def _torus(chips: int, dims: int) -> str:
   return "x".join(map(str, shape))
 
 
-def parse_target(name: str) -> Target:
-  """Target from 'v5p-64', 'v5e-16', 'v6e-8', 'v4-32', '8xH200', ... (one clear error)."""
+def parse_target(name: str, estimate: bool = False) -> Target:
+  """Target from 'v5p-64', 'v5e-16', 'v6e-8', 'v4-32', '8xH200', ... (one clear error). A
+  GPU node compiles with XLA:GPU where the CUDA plugin is ready, else (or with `estimate`)
+  on simulated CPU devices."""
   text = name.strip()
   gpu = re.fullmatch(r"(\d+)\s*[xX]\s*([A-Za-z]\d+)", text)
   if gpu:
@@ -75,7 +96,11 @@ def parse_target(name: str) -> Target:
     if kind not in GPUS or count < 1:
       raise CardjaxError(f"topology {name!r}: unknown GPU {kind!r}; use N x one of "
                          f"{sorted(GPUS)} (e.g. 8xH200)")
-    return Target(text, "gpu", kind, count, GPUS[kind], peak_flops_for_kind(kind))
+    if count > 8 and count % 8:
+      raise CardjaxError(f"topology {name!r}: a GPU node holds 1 to 8 GPUs; several nodes are "
+                         f"a multiple of 8 (16x{kind}, 32x{kind})")
+    return Target(text, "gpu", kind, count, GPUS[kind], peak_flops_for_kind(kind),
+                  compiler=XLA_CPU_ESTIMATE if estimate or not gpu_plugin_ready() else XLA_GPU)
   tpu = re.fullmatch(r"(?:(\d+)x)?(v\d+[a-z]*)-(\d+)", text.lower())
   if not tpu:
     raise CardjaxError(f"topology {name!r} is not a TPU slice (v4-N, v5p-N, v5e-N, v6e-N; "
@@ -115,9 +140,56 @@ def add_libtpu_path() -> bool:
           or importlib.util.find_spec("libtpu") is not None)
 
 
+def gpu_plugin_ready() -> bool:
+  """True when this process compiles with XLA:GPU: jax's CUDA plugin is importable and jax,
+  if it has started, loaded it (jax imports its plugins once, when it is imported)."""
+  import importlib.util
+
+  if "jax" in sys.modules:
+    return "jax_cuda12_plugin" in sys.modules
+  return importlib.util.find_spec("jax_cuda12_plugin") is not None
+
+
+def add_gpu_plugin_path() -> bool:
+  """Put GPU_PLAN_DIR on this process's path before jax starts (jax finds its plugins once,
+  when it first initialises its backends), and the CUDA compiler it holds (ptxas) on PATH.
+  JAX_PLATFORMS=cpu must be set too: the plugin then registers its compile-only topologies
+  without asking for a CUDA driver. True when the plugin is there."""
+  if not os.path.isdir(os.path.join(GPU_PLAN_DIR, "jax_cuda12_plugin")):
+    return gpu_plugin_ready()
+  if GPU_PLAN_DIR not in sys.path:
+    sys.path.append(GPU_PLAN_DIR)
+  ptxas = os.path.join(GPU_PLAN_DIR, "nvidia", "cuda_nvcc", "bin")
+  if os.path.isdir(ptxas) and ptxas not in os.environ.get("PATH", "").split(os.pathsep):
+    os.environ["PATH"] = os.environ.get("PATH", "") + os.pathsep + ptxas
+  return True
+
+
+def gpu_devices(kind: str, topology: str) -> list:
+  """XLA:GPU's compile-only devices of `kind` (a key of GPU_SPECS) laid out as `topology`."""
+  from jax.experimental import topologies
+
+  from cardjax.plan.gpu_specs import target_config
+
+  try:
+    # The CUDA topology is an option of the plugin, not jax's topology_name.
+    return list(topologies.get_topology_desc(platform="cuda", topology=topology,
+                                             target_config=target_config(kind)).devices)
+  except Exception as e:  # no plugin registered, or one that cannot make this topology
+    raise CardjaxError(
+        f"cannot make compile-only {kind} devices ({topology}): "
+        f"{str(e).splitlines()[0][:200]}; `make install-gpu-plan` puts jax's CUDA plugin in "
+        f"{GPU_PLAN_DIR} and the process must start with it on its path and "
+        "JAX_PLATFORMS=cpu (`cardjax plan` does both)") from None
+
+
 def target_devices(target: Target) -> list:
-  """The devices to compile for: libtpu's compile-only devices, or the simulated CPU ones."""
+  """The devices to compile for: libtpu's or XLA:GPU's compile-only devices, or the
+  simulated CPU ones of a GPU estimate."""
   import jax
+
+  if target.compiler == XLA_GPU:
+    return gpu_devices(target.chip, target.gpu_topology)
 
   if target.platform == "tpu":
     try:
