@@ -4,12 +4,13 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+GPU_PLAN_STAMP := $(VENV)/gpu-plan/.installed
 PYTEST_ARGS ?=
 # pytest-xdist workers for make test (0: one process). Two on the 2-core CI box: much of
 # a test is compiling or waiting on a subprocess, so two overlap (28 -> 21 min there).
 TEST_WORKERS ?= 2
 
-.PHONY: demo test lint test-slow bench-decode bench-check bench-pack bench-wheels smollm2 bench-real install clean
+.PHONY: demo test lint test-slow bench-decode bench-check bench-pack bench-wheels smollm2 bench-real install install-gpu-plan clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -28,10 +29,24 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+# XLA:GPU without a GPU, for `cardjax plan --topology 8xH200` and the kernel compile tests:
+# jax's CUDA plugin (the version of the installed jaxlib) and ptxas, beside the venv as
+# libtpu is, never in it: a CPU install stays CPU-only, and only plan processes (which put
+# this folder on their path before jax starts) see it. About 570 MB. `make test` installs it
+# so that CI compiles the train step and the Triton kernels for H100 on every run.
+$(GPU_PLAN_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(VENV)/gpu-plan \
+	  "jax-cuda12-plugin==$$($(BIN)/python -c 'import jaxlib; print(jaxlib.__version__)')" \
+	  "jax-cuda12-pjrt==$$($(BIN)/python -c 'import jaxlib; print(jaxlib.__version__)')" \
+	  nvidia-cuda-nvcc-cu12==12.9.86
+	touch $(GPU_PLAN_STAMP)
+
+install-gpu-plan: $(GPU_PLAN_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/cardjax demo --workdir runs/demo
 
-test: $(STAMP)
+test: $(STAMP) $(GPU_PLAN_STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # ruff with the project's rules ([tool.ruff] in pyproject.toml); CI runs it before the tests.
