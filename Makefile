@@ -30,15 +30,17 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 # XLA:GPU without a GPU, for `cardjax plan --topology 8xH200` and the kernel compile tests:
-# jax's CUDA plugin (the version of the installed jaxlib) and ptxas, beside the venv as
-# libtpu is, never in it: a CPU install stays CPU-only, and only plan processes (which put
-# this folder on their path before jax starts) see it. About 570 MB. `make test` installs it
-# so that CI compiles the train step and the Triton kernels for H100 on every run.
+# jax's CUDA plugin (the version of the installed jaxlib), ptxas, and cuDNN (jax asks the
+# library its version before it lowers cuDNN attention, which `auto` picks for causal masks
+# on GPUs), beside the venv as libtpu is, never in it: a CPU install stays CPU-only, and
+# only plan processes (which put this folder on their path before jax starts) see it.
+# About 1.7 GB. `make test` installs it so that CI compiles the train step, cuDNN attention
+# and the Triton kernels for H100 on every run.
 $(GPU_PLAN_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(VENV)/gpu-plan \
 	  "jax-cuda12-plugin==$$($(BIN)/python -c 'import jaxlib; print(jaxlib.__version__)')" \
 	  "jax-cuda12-pjrt==$$($(BIN)/python -c 'import jaxlib; print(jaxlib.__version__)')" \
-	  nvidia-cuda-nvcc-cu12==12.9.86
+	  nvidia-cuda-nvcc-cu12==12.9.86 nvidia-cudnn-cu12==9.28.0.42
 	touch $(GPU_PLAN_STAMP)
 
 install-gpu-plan: $(GPU_PLAN_STAMP)

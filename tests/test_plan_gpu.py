@@ -23,15 +23,15 @@ needs_plugin = pytest.mark.skipif(
            "installs it)")
 
 
-def plan(tmp_path, name, *args) -> dict:
+def plan(tmp_path, name, *args, config="configs/tiny_mars.py") -> dict:
   out = tmp_path / f"{name}.json"
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the plan sets its own
   done = subprocess.run(
-      [sys.executable, "-m", "cardjax.cli", "plan", "--config", "configs/tiny_mars.py", *TINY,
+      [sys.executable, "-m", "cardjax.cli", "plan", "--config", config, *TINY,
        *args, "--json", str(out)], capture_output=True, text=True, env=env, timeout=600)
   assert done.returncode == 0, done.stdout + done.stderr
   got = json.loads(out.read_text())
-  got["stdout"] = done.stdout
+  got["stdout"] = done.stdout + done.stderr
   return got
 
 
@@ -65,6 +65,17 @@ def test_two_gpu_nodes_and_one_gpu(tmp_path):
   one = plan(tmp_path, "one", "--topology", "1xH200")
   assert one["compiler"] == "xla-gpu" and one["plans"][0]["mesh"]["fsdp"] == 1
   assert one["plans"][0]["target"]["hbm_per_chip"] == 143771 << 20
+
+
+@needs_plugin
+def test_auto_attention_on_gpus_compiles_cudnn_for_causal_masks(tmp_path):
+  """An AR step in bf16 with attention_impl=auto: on GPUs `auto` picks cuDNN's fused
+  attention for the causal mask, and XLA:GPU compiles it without a GPU (the cuDNN library
+  from `make install-gpu-plan` answers jax's version check)."""
+  got = plan(tmp_path, "cudnn", "--topology", "1xH100", "--config.model.attention_impl=auto",
+             "--config.model.dtype=bfloat16", config="configs/tiny_ar.py")
+  assert got["compiler"] == "xla-gpu" and got["plans"][0]["fits"]
+  assert "cudnn runs causal masks on gpu (attention_impl=auto)" in got["stdout"]
 
 
 def test_gpu_topologies():

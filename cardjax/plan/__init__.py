@@ -59,6 +59,12 @@ def _compile(config, target: Target, devices, accum: int) -> Plan:
     got = compile_step(config, devices)
   except Exception as e:  # the TPU compiler refuses a program that exceeds HBM
     text = str(e)
+    if "cuDNN not found" in text:  # jax asks the library its version before lowering
+      raise CardjaxError(
+          "cuDNN attention (model.attention_impl=cudnn, or auto on causal and bidirectional "
+          "masks) cannot be compiled for GPUs here: the cuDNN library is missing; "
+          "`make install-gpu-plan` installs it beside the venv, or plan with "
+          "--config.model.attention_impl=pallas_gpu (or xla)") from None
     if not OOM.search(text):
       raise
     return Plan(target, accum, False, compiler_error=text.splitlines()[0][:300],
