@@ -69,12 +69,17 @@ def test_two_gpu_nodes_and_one_gpu(tmp_path):
 
 @needs_plugin
 def test_auto_attention_on_gpus_compiles_cudnn_for_causal_masks(tmp_path):
-  """An AR step in bf16 with attention_impl=auto: on GPUs `auto` picks cuDNN's fused
-  attention for the causal mask, and XLA:GPU compiles it without a GPU (the cuDNN library
-  from `make install-gpu-plan` answers jax's version check)."""
-  got = plan(tmp_path, "cudnn", "--topology", "1xH100", "--config.model.attention_impl=auto",
-             "--config.model.dtype=bfloat16", config="configs/tiny_ar.py")
+  """An AR step in bf16 with attention_impl=auto on 8 H100s with 2 accumulation
+  micro-batches: on GPUs `auto` picks cuDNN's fused attention for the causal mask, and
+  XLA:GPU compiles it without a GPU (the cuDNN library from `make install-gpu-plan`
+  answers jax's version check). With contiguous micro-batches this failed in jax's
+  custom_partitioner (an AssertionError in explode_superdims): each micro-batch lay on
+  half the devices; the step now strides them (cardjax/train/step.py)."""
+  got = plan(tmp_path, "cudnn", "--topology", "8xH100", "--config.model.attention_impl=auto",
+             "--config.model.dtype=bfloat16", "--config.train.grad_accum=2",
+             config="configs/tiny_ar.py")
   assert got["compiler"] == "xla-gpu" and got["plans"][0]["fits"]
+  assert got["plans"][0]["grad_accum"] == 2
   assert "cudnn runs causal masks on gpu (attention_impl=auto)" in got["stdout"]
 
 

@@ -83,9 +83,19 @@ def make_train_step(graphdef, objective: Objective, tx: optax.GradientTransforma
     if rows % accum:
       raise ValueError(f"batch of {rows} rows does not split into {accum} micro-batches")
     size = rows // accum
-    micro = jax.tree.map(lambda x: x.reshape((accum, size) + x.shape[1:]), batch)
-    keys = step_row_keys(seed_key, step, rows).reshape(accum, size)
-    strata = step_strata(seed_key, step, rows).reshape(accum, size)
+
+    def split(x):
+      # Micro-batch j takes rows j, j + accum, j + 2 accum, ...: every device keeps its own
+      # rows, a share of each micro-batch, and the scanned axis stays unsharded. Contiguous
+      # micro-batches (rows [j size, (j + 1) size)) would put each one on a subset of the
+      # devices, a layout that needs resharding and that custom-partitioned ops (cuDNN
+      # attention) cannot express: jax's custom_partitioner failed on it for accum >= 2 on
+      # 8 GPUs. Row keys follow the rows, so the step is the same for any split.
+      return x.reshape((size, accum) + x.shape[1:]).swapaxes(0, 1)
+
+    micro = jax.tree.map(split, batch)
+    keys = split(step_row_keys(seed_key, step, rows))
+    strata = split(step_strata(seed_key, step, rows))
 
     def body(carry, xs):
       grads, total, norm, metrics = carry
