@@ -3,8 +3,8 @@
 
 Where it runs (`cardjax plan` of the :mars stage, per device, docs/scale.md):
   v5p-64 (32 chips)  as shipped, grad_accum 1: 71.1 of 95 GiB; 2.9 s a step at 40% MFU
-  8xH200             --config.train.grad_accum=4: 129.6 of 140 GiB (XLA:CPU estimate; take
-                     grad_accum 8 or train.loss_chunk for headroom); 5.3 s a step
+  8xH200             --config.train.grad_accum=2: 129.0 of 140 GiB (XLA:GPU's plan; take
+                     grad_accum 4 or train.loss_chunk for headroom); 5.3 s a step
 """
 
 import importlib.util
@@ -19,6 +19,6 @@ _spec.loader.exec_module(_recipe)
 def get_config(stage: str = "mars"):
   c = _recipe.recipe("qwen2_5_7b", stage)
   c.mesh.tensor = 4
-  c.train.grad_accum = 1  # v5p-64 as planned; 4 on 8xH200 (see above)
+  c.train.grad_accum = 1  # v5p-64 as planned; 2 on 8xH200 (see above)
   c.train.loss_chunk = 0
   return c
