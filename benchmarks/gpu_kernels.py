@@ -350,7 +350,7 @@ def main() -> None:
             f"{record['dtype']} {record['block_q']}x{record['block_k']}: {_cell(record)} "
             f"({record.get('compile_s', 0)} s)", flush=True)
   wall = time.perf_counter() - start
-  print(f"\n{len(records)} compiles in {wall:.0f} s wall\n")
+  print(f"\n{len(records)} jobs in {wall:.0f} s wall\n")
   print(table(records))
   if args.out:
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

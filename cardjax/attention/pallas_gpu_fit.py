@@ -28,18 +28,21 @@ W the warps and S = num_stages:
                                      where it must change layout between two dots: always
                                      in dkv (p^T and ds^T feed the dk, dv dots) and on the
                                      FMA path; on the mma path when block_q < 16 W (the
-                                     warps do not all fit along the rows); plus one byte per
-                                     score for the two-stream masks (dual_stream, bd3lm)
-                                     when block_q == 32 W
+                                     warps do not all fit along the rows); on the tensor-core
+                                     paths, one byte per score for the two-stream masks
+                                     (dual_stream, bd3lm) when block_q == 32 W; on the FMA
+                                     path of the forward and decode kernels, the float32
+                                     rescale factor (4 x block_q) when block_k != head_dim
 
 The dot path is Triton's: float32 inputs (Precision.HIGHEST, no TF32) run FMA dots;
 16-bit inputs run wgmma on sm_90 when every dot's M side is >= 64 rows (block_q; also
 block_k for dkv), else mma (sm_80's tensor-core dot). benchmarks/gpu_kernels.py compiled
 every kernel for H100 and A100 (results/kernels/pallas_gpu_compile_2026-12-04.json) and
-tests/test_pallas_gpu_fit.py checks the formula against every number there: exact for the
-16-bit kernels except sm_90's dkv at block_q = 64 and block_k <= 64, which asks 512 bytes
-more; the float32 forward asks up to about 1 KiB more (reduction scratch). SLACK covers both.
-Only num_stages = 2 (what every kernel uses) was compiled.
+tests/test_pallas_gpu_fit.py checks the formula against every number there, 210 kernels
+compiled or refused: exact for all but 12. sm_90's dkv at block_q = 64, block_k <= 64 asks
+512 bytes more (SLACK, which `fits` adds); the float32 rescale vector is not there at
+head_dim 128 with block_k = 32 (the formula is 4 x block_q too high). Only num_stages = 2,
+what every kernel uses, was compiled.
 """
 
 from __future__ import annotations
