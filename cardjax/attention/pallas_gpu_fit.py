@@ -65,7 +65,7 @@ SLACK = 512
 # The most shared memory one block may opt into, by compute capability (CUDA C++
 # Programming Guide, "Technical Specifications per Compute Capability": 163 KB on 8.0 and
 # 8.7, 99 KB on 8.6 and 8.9, 227 KB on 9.0). The formula was checked on 8.0 and 9.0; the
-# 8.x parts share 8.0's dot paths.
+# other 8.x parts are taken to compile 8.0's dot paths (mma), unchecked.
 SMEM_OPTIN = {(8, 0): 166912, (8, 6): 101376, (8, 7): 166912, (8, 9): 101376,
               (9, 0): 232448}
 # Device kinds of the GPUs the limits apply to, for devices that carry only their kind (an
@@ -85,7 +85,6 @@ class Gpu:
 def gpu_of_kind(kind: str, compute_capability=None) -> Gpu | None:
   """The Gpu of a device kind (and compute capability, when the device tells it, as
   "9.0"); None for a GPU whose limits this module does not know."""
-  sm = None
   if compute_capability:
     major, _, minor = str(compute_capability).partition(".")
     sm = (int(major), int(minor or 0))
@@ -153,7 +152,7 @@ def smem_bytes(kernel: str, sm: tuple[int, int], kind: str, block_q: int, block_
   vectors = arrays * vector_bytes * block_k
   scratch = p_tile if path == "fma" or (path == "mma" and block_q < 16 * num_warps) else 0
   if kernel != "dq" and path == "fma" and block_k != head_dim:
-    scratch += 4 * block_q  # the rescale factor, from the scores' row layout to the output's
+    scratch += 4 * block_q  # a float32 row vector between the scores' and the output's layouts
   if kind in TWO_STREAM and path != "fma" and block_q == 32 * num_warps:
     scratch += block_q * block_k  # the mask, one byte a score, in the dots' layout
   return held + streamed + vectors + scratch
