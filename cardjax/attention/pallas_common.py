@@ -19,6 +19,9 @@ from cardjax.attention.masks import MaskSpec
 
 MIN_BLOCK = 16  # Triton's dot needs every operand dimension >= 16
 HEAD_DIMS = (16, 32, 64, 128)
+# Software-pipelining depth of every kernel's loop: two buffers of each streamed tile, so
+# one loads while the other feeds the dots (pallas_gpu_fit's shared-memory formula uses it).
+NUM_STAGES = 2
 
 
 def pow2_block(requested: int | None, default: int, length: int) -> int:
@@ -55,9 +58,14 @@ def walk(table_ref, body, carry):
                        lambda i, c: body(table_ref[2 + i], c, True), carry)
 
 
-def compiler_params(head_dim: int, stages: int):
-  """Triton launch settings: more warps for the larger head dims' tiles."""
-  return plgpu.CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=stages)
+def num_warps(head_dim: int) -> int:
+  """Warps of the training kernels: more for the larger head dims' tiles."""
+  return 4 if head_dim <= 64 else 8
+
+
+def compiler_params(head_dim: int, stages: int = NUM_STAGES):
+  """Triton launch settings of the training kernels."""
+  return plgpu.CompilerParams(num_warps=num_warps(head_dim), num_stages=stages)
 
 
 def pad_len(x, length: int):

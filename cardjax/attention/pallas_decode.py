@@ -52,7 +52,8 @@ from jax.experimental.pallas import triton as plgpu
 
 from cardjax.attention.kernel_checks import call_reason, check_inputs
 from cardjax.attention.masks import MaskSpec
-from cardjax.attention.pallas_common import HEAD_DIMS, MIN_BLOCK, dot, pow2_block
+from cardjax.attention.pallas_common import HEAD_DIMS, MIN_BLOCK, NUM_STAGES, dot, pow2_block
+from cardjax.attention.pallas_gpu_fit import settle_tiles, target_gpu
 
 # 64 x 64 tiles: q, the f32 accumulator and one k/v tile fit in registers for head_dim 128
 # (as pallas_gpu's forward); a decode step's few rows are padded to 16 only, not to 64.
@@ -71,6 +72,11 @@ def unsupported_reason(spec, q_len: int, slots: int, head_dim: int) -> str | Non
     return (f"head_dim {head_dim} is not one of {HEAD_DIMS} (Triton tiles need a power of "
             f"two >= 16; larger dims overflow registers); use xla's cache_attention")
   return None
+
+
+def num_warps(block_r: int, head_dim: int) -> int:
+  """More warps once the row tile holds a 64 x 128 block of q (a prefill at head_dim 128)."""
+  return 8 if block_r * head_dim >= 64 * 128 else 4
 
 
 def _fold_meta(q_meta, group: int, rows_p: int):
@@ -162,7 +168,9 @@ def pallas_decode_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpre
   q_meta / k_meta (positions, streams, segments), [b, tq] / [b, slots] integer. Returns
   [b, tq, heads, d] in q's dtype (float32 softmax and accumulation); rows with no visible
   key return 0. interpret: the Pallas interpreter (None: unless the backend is a GPU).
-  block_k: key tile (a power of two >= 16; None: 64, shrunk for small caches). scale:
+  block_k: key tile (a power of two >= 16; None: 64, shrunk for small caches; compiled
+  for a GPU pallas_gpu_fit knows, halved until it fits the GPU's shared memory, and an
+  explicit one that cannot fit raises CardjaxError, see pallas_gpu_attention). scale:
   None for head_dim ** -0.5. num_splits: parallel parts of each key range (None: enough
   to fill a GPU, see TARGET_PROGRAMS). Forward only.
   """
@@ -174,8 +182,12 @@ def pallas_decode_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpre
   b, tq, h, d = q.shape
   kvh, slots = k.shape[1], k.shape[2]
   g = h // kvh
-  block_r = max(MIN_BLOCK, min(BLOCK_R, pl.next_power_of_2(tq * g)))
-  block_k = pow2_block(block_k, BLOCK_K, slots)
+  block_r, block_k = settle_tiles(
+      ("decode",), max(MIN_BLOCK, min(BLOCK_R, pl.next_power_of_2(tq * g))),
+      pow2_block(block_k, BLOCK_K, slots), gpu=None if interpret else target_gpu(q),
+      kind=spec.kind, explicit=block_k is not None, head_dim=d,
+      dtype=q.dtype, num_warps=lambda r, _: num_warps(r, d),
+      names=("the row tile", "block_k"), num_stages=NUM_STAGES)
   nr, nk = -(-tq * g // block_r), -(-slots // block_k)
   if num_splits is None:
     num_splits = max(1, min(nk // MIN_TILES_PER_SPLIT, -(-TARGET_PROGRAMS // (b * kvh * nr))))
@@ -210,8 +222,8 @@ def pallas_decode_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpre
                + [pl.BlockSpec((None, slots), lambda i, n, r, s: (i, 0))] * 3,
       out_specs=out_specs,
       out_shape=out_shape,
-      compiler_params=plgpu.CompilerParams(num_warps=8 if block_r * d >= 64 * 128 else 4,
-                                           num_stages=2),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps(block_r, d),
+                                           num_stages=NUM_STAGES),
       interpret=bool(interpret),
       name="cardjax_flash_decoding" if num_splits == 1 else "cardjax_flash_decoding_split",
   )(ranges, qf, k, v, *qm, *km)

@@ -57,14 +57,17 @@ from jax.experimental import pallas as pl
 
 from cardjax.attention.kernel_checks import call_reason, check_inputs
 from cardjax.attention.masks import CLEAN, NOISY, MaskSpec
-from cardjax.attention.pallas_common import (HEAD_DIMS, compiler_params, dot, pad_len,
-                                             pow2_block, visible, walk)
+from cardjax.attention.pallas_common import (HEAD_DIMS, NUM_STAGES, compiler_params, dot,
+                                             num_warps, pad_len, pow2_block, visible, walk)
+from cardjax.attention.pallas_gpu_fit import settle_tiles, target_gpu
 from cardjax.attention.pallas_gpu_bwd import backward
 
 EMPTY, PARTIAL, FULL = 0, 1, 2  # the values of cardjax.attention.tiles
 # Forward tiles: 128 queries x 64 keys keeps q, the f32 accumulator and one k/v tile in
 # registers for head dims up to 128 on sm80+. Backward tiles are smaller because the dq
-# and dk/dv kernels hold two accumulators' worth of operands.
+# and dk/dv kernels hold two accumulators' worth of operands. Both fit the shared memory
+# of an A100 and an H100 for every dtype and head dim (pallas_gpu_fit; docs/pallas_gpu.md);
+# on a GPU with less they are halved until they fit.
 BLOCK_Q, BLOCK_K = 128, 64
 BWD_BLOCK_Q, BWD_BLOCK_K = 64, 64
 
@@ -251,7 +254,7 @@ def _forward(q, k, v, q_meta, k_meta, table, *, spec, block_q, block_k, interpre
       out_specs=[q_spec, pl.BlockSpec((None, None, block_q), lambda i, j, n: (j, n, i))],
       out_shape=[jax.ShapeDtypeStruct((b, tq_p, h, d), q.dtype),
                  jax.ShapeDtypeStruct((b, h, tq_p), jnp.float32)],
-      compiler_params=compiler_params(d, stages=2),
+      compiler_params=compiler_params(d),
       interpret=interpret,
       name="cardjax_block_sparse_attention_fwd",
   )(table, qp, kp, vp, *qm, *km)
@@ -273,7 +276,7 @@ class Config:
 
 
 def pallas_gpu_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret=None,
-                         block_q=None, block_k=None):
+                         block_q=None, block_k=None, bwd_block_q=None, bwd_block_k=None):
   """Block-sparse flash attention; the contract of reference_attention.
 
   q [b, tq, h, d]; k, v [b, tk, kv_heads, d]; q_meta / k_meta (positions, streams,
@@ -281,7 +284,12 @@ def pallas_gpu_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret=N
   softmax and accumulation. Rows with no visible key return 0 (and get zero gradient).
   interpret: run the Pallas interpreter (None: True unless the default backend is a GPU).
   block_q / block_k: forward tile sizes (powers of two >= 16; None: 128 x 64, shrunk for
-  short inputs); the backward's tiles are min(given, 64) (None: 64, shrunk likewise).
+  short inputs); bwd_block_q / bwd_block_k: the dq and dk/dv kernels' tiles (None:
+  min(block_q, 64) x min(block_k, 64), likewise shrunk).
+  Compiled for a GPU (not interpret mode) whose shared memory pallas_gpu_fit knows (the
+  device kind of q's sharding, of the abstract mesh, or of the default GPU): default tiles
+  are halved until they fit it, and tiles passed explicitly that cannot fit raise
+  CardjaxError naming the kernel, the tiles, the bytes needed and the limit.
   Differentiable: jax.custom_vjp with Pallas dq and dk/dv kernels.
   """
   q_meta, k_meta = (tuple(jnp.asarray(x) for x in m) for m in (q_meta, k_meta))
@@ -290,11 +298,23 @@ def pallas_gpu_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret=N
   if interpret is None:
     interpret = jax.default_backend() != "gpu"
   tq, tk = q.shape[1], k.shape[1]
-  cfg = Config(spec=spec, interpret=bool(interpret),
-               block_q=pow2_block(block_q, BLOCK_Q, tq),
-               block_k=pow2_block(block_k, BLOCK_K, tk),
-               bwd_block_q=pow2_block(_at_most(block_q, BWD_BLOCK_Q), BWD_BLOCK_Q, tq),
-               bwd_block_k=pow2_block(_at_most(block_k, BWD_BLOCK_K), BWD_BLOCK_K, tk))
+  # The shared-memory limits bind only where Triton compiles the kernels.
+  settle = functools.partial(settle_tiles, gpu=None if interpret else target_gpu(q),
+                             kind=spec.kind, head_dim=q.shape[-1],
+                             dtype=q.dtype,
+                             num_warps=num_warps(q.shape[-1]), num_stages=NUM_STAGES)
+  fwd = settle(("fwd",), pow2_block(block_q, BLOCK_Q, tq), pow2_block(block_k, BLOCK_K, tk),
+               explicit=block_q is not None or block_k is not None,
+               names=("block_q", "block_k"))
+  bwd_q = bwd_block_q if bwd_block_q is not None else _at_most(block_q, BWD_BLOCK_Q)
+  bwd_k = bwd_block_k if bwd_block_k is not None else _at_most(block_k, BWD_BLOCK_K)
+  # Backward tiles derived from the forward's are defaults: halved, never refused.
+  bwd = settle(("dq", "dkv"), pow2_block(bwd_q, BWD_BLOCK_Q, tq),
+               pow2_block(bwd_k, BWD_BLOCK_K, tk),
+               explicit=bwd_block_q is not None or bwd_block_k is not None,
+               names=("bwd_block_q", "bwd_block_k"))
+  cfg = Config(spec=spec, interpret=bool(interpret), block_q=fwd[0], block_k=fwd[1],
+               bwd_block_q=bwd[0], bwd_block_k=bwd[1])
   q_meta, k_meta = (tuple(x.astype(jnp.int32) for x in m) for m in (q_meta, k_meta))
   # The tables depend on the metadata only: built once here, outside the differentiated
   # function, and dead code under jit when no gradient is taken.

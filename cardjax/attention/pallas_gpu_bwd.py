@@ -93,7 +93,7 @@ def backward(cfg, q, k, v, q_meta, k_meta, tables, out, lse, d_out):
   kp, vp = pad_len(k, tk_p), pad_len(v, tk_p)
   qm = [pad_len(x, tq_p) for x in q_meta]
   km = [pad_len(x, tk_p) for x in k_meta]
-  params = compiler_params(d, stages=2)
+  params = compiler_params(d)
 
   # dq: per query tile, like the forward.
   row = pl.BlockSpec((None, bq, None, d), lambda i, j, n: (j, i, n, 0))
