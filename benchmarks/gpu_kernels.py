@@ -83,8 +83,8 @@ class Job:
 
 
 def jobs(targets) -> list[Job]:
-  """The tile sweep for SWEEP_KIND, then every other kind at the default tiles (bfloat16,
-  head_dim 128: the kind changes only the metadata each loop step loads)."""
+  """The tile sweep for SWEEP_KIND, then every other kind at the default tiles, with every
+  head dim and dtype (the kind changes only the metadata each loop step loads)."""
   out = []
   for target in targets:
     for kernel, tiles in TILES.items():
@@ -92,8 +92,9 @@ def jobs(targets) -> list[Job]:
         for dtype in DTYPES:
           out += [Job(kernel, target, SWEEP_KIND, d, dtype, *tile) for tile in tiles
                   if dtype != "float32" or tile not in MIXED]
-    out += [Job(kernel, target, kind, 128, "bfloat16", *tile) for kind in KINDS
-            if kind != SWEEP_KIND for kernel, tile in DEFAULT_TILES.items()]
+    out += [Job(kernel, target, kind, d, dtype, *tile) for kind in KINDS
+            if kind != SWEEP_KIND for kernel, tile in DEFAULT_TILES.items()
+            for d in HEAD_DIMS for dtype in DTYPES]
   return out
 
 

@@ -38,8 +38,8 @@ The dot path is Triton's: float32 inputs (Precision.HIGHEST, no TF32) run FMA do
 16-bit inputs run wgmma on sm_90 when every dot's M side is >= 64 rows (block_q; also
 block_k for dkv), else mma (sm_80's tensor-core dot). benchmarks/gpu_kernels.py compiled
 every kernel for H100 and A100 (results/kernels/pallas_gpu_compile_2026-12-04.json) and
-tests/test_pallas_gpu_fit.py checks the formula against every number there, 210 kernels
-compiled or refused: exact for all but 12. sm_90's dkv at block_q = 64, block_k <= 64 asks
+tests/test_pallas_gpu_fit.py checks the formula against every number there, 306 kernels
+compiled or refused: exact for all but 16. sm_90's dkv at block_q = 64, block_k <= 64 asks
 512 bytes more (SLACK, which `fits` adds); the float32 rescale vector is not there at
 head_dim 128 with block_k = 32 (the formula is 4 x block_q too high). Only num_stages = 2,
 what every kernel uses, was compiled.
