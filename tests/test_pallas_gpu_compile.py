@@ -13,11 +13,11 @@ import sys
 
 import pytest
 
-from cardjax.plan.targets import GPU_PLAN_DIR
+from cardjax.plan.targets import GPU_PLAN_DIR, gpu_plugin_in_plan_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.skipif(
-    not os.path.isdir(os.path.join(GPU_PLAN_DIR, "jax_cuda12_plugin")),
+    not gpu_plugin_in_plan_dir(),
     reason=f"no jax_cuda12_plugin in {GPU_PLAN_DIR} (`make install-gpu-plan` puts it there)")
 
 SCRIPT = """

@@ -12,13 +12,13 @@ import sys
 
 import pytest
 
-from cardjax.plan.targets import GPU_PLAN_DIR, parse_target
+from cardjax.plan.targets import GPU_PLAN_DIR, gpu_plugin_in_plan_dir, parse_target
 
 TINY = ["--config.model.num_layers=2", "--config.model.hidden_size=64",
         "--config.data.batch_size=16", "--config.data.seq_len=64"]
 
 needs_plugin = pytest.mark.skipif(
-    not os.path.isdir(os.path.join(GPU_PLAN_DIR, "jax_cuda12_plugin")),
+    not gpu_plugin_in_plan_dir(),
     reason=f"jax's CUDA plugin is not in {GPU_PLAN_DIR}: `make install-gpu-plan` (make test "
            "installs it)")
 

@@ -58,7 +58,7 @@ class Target:
   peak_per_chip: float  # FLOP/s, dense bf16
   libtpu_topology: str = ""  # e.g. "v5:2x4x4" (one slice); "" for GPUs
   slices: int = 1  # TPU slices over DCN (chips counts them all)
-  compiler: str = XLA_TPU  # XLA_TPU, XLA_GPU or XLA_CPU_ESTIMATE (set by target_devices)
+  compiler: str = XLA_TPU  # XLA_TPU, XLA_GPU or XLA_CPU_ESTIMATE (parse_target decides)
 
   @property
   def estimate(self) -> bool:
@@ -150,12 +150,17 @@ def gpu_plugin_ready() -> bool:
   return importlib.util.find_spec("jax_cuda12_plugin") is not None
 
 
+def gpu_plugin_in_plan_dir() -> bool:
+  """True when `make install-gpu-plan` has put jax's CUDA plugin in GPU_PLAN_DIR."""
+  return os.path.isdir(os.path.join(GPU_PLAN_DIR, "jax_cuda12_plugin"))
+
+
 def add_gpu_plugin_path() -> bool:
   """Put GPU_PLAN_DIR on this process's path before jax starts (jax finds its plugins once,
   when it first initialises its backends), and the CUDA compiler it holds (ptxas) on PATH.
   JAX_PLATFORMS=cpu must be set too: the plugin then registers its compile-only topologies
   without asking for a CUDA driver. True when the plugin is there."""
-  if not os.path.isdir(os.path.join(GPU_PLAN_DIR, "jax_cuda12_plugin")):
+  if not gpu_plugin_in_plan_dir():
     return gpu_plugin_ready()
   if GPU_PLAN_DIR not in sys.path:
     sys.path.append(GPU_PLAN_DIR)
