@@ -165,15 +165,19 @@ def read_model_config(directory: str | Path, step: int | None = None) -> ModelCo
 
 
 def restore_model(directory: str | Path, step: int | None = None, mesh=None,
-                  **overrides) -> tuple[Decoder, int]:
+                  lora_base: str | Path | None = None, **overrides) -> tuple[Decoder, int]:
   """(model, step) from a checkpoint; each parameter lands in its sharding on `mesh`.
 
   `overrides` change run-time fields (dtype, remat, attention_impl); fields that change the
-  parameter tree (shapes, scan_layers, biases) must match the saved model.
+  parameter tree (shapes, scan_layers, biases) must match the saved model. A LoRA run's
+  checkpoint comes back merged (base + adapters, a plain Decoder); its base is read from
+  where the run recorded it, or from `lora_base` when it has moved.
   """
   directory = _existing(directory, step)
   step = latest_step(directory) if step is None else step
   saved = read_model_config(directory, step)
+  if (directory / str(step) / "lora").exists():
+    return _restore_lora(directory, step, saved, mesh, lora_base, overrides), step
   structural = {"dtype", "remat", "attention_impl", "mask_token_id", "bos_token_id",
                 "eos_token_id", "pad_token_id", "max_position_embeddings"}
   for key, value in overrides.items():
@@ -197,6 +201,74 @@ def restore_model(directory: str | Path, step: int | None = None, mesh=None,
                             f"model config: {e}") from None
   nnx.replace_by_pure_dict(abstract_state, restored)
   return nnx.merge(graphdef, abstract_state), step
+
+
+def load_model(source: str | Path, mesh=None, **overrides) -> tuple[Decoder, str]:
+  """(model, description) from a HF folder (config.json) or a cardjax checkpoint folder:
+  what train.init_from and a LoRA run's base may name."""
+  from cardjax import hf
+
+  path = resolve(source)
+  if (checked_path(path) / "config.json").is_file():
+    return hf.from_pretrained(cached_copy(path), mesh=mesh, **overrides), f"HF {path}"
+  if checked_path(path).is_dir():
+    model, step = restore_model(path, mesh=mesh, **overrides)
+    return model, f"orbax {path} step {step}"
+  raise CheckpointError(f"{source} is neither a HF folder (config.json) nor an orbax "
+                        "checkpoint folder")
+
+
+def _lora_record(directory, step: int) -> dict:
+  with manager(directory, create=False) as mngr:
+    return mngr.restore(step, args=ocp.args.Composite(lora=ocp.args.JsonRestore()))["lora"]
+
+
+def checkpoint_adapters(directory: str | Path, step: int | None = None, mesh=None) -> dict:
+  """The LoRA adapters of a LoRA run's checkpoint, unmerged (a pure dict, the params item)."""
+  from cardjax.model.lora_spec import LoraSpec
+
+  directory = _existing(directory, step)
+  step = latest_step(directory) if step is None else step
+  if not (directory / str(step) / "lora").exists():
+    raise CheckpointError(f"{directory}/{step} is not a LoRA run's checkpoint (no lora item)")
+  spec = LoraSpec.from_dict(_lora_record(directory, step))
+  cfg = read_model_config(directory, step)
+  _, abstract, _ = nnx.split(abstract_model(cfg, mesh, lora=spec), nnx.LoRAParam, nnx.Param)
+  if mesh is None:
+    one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=one),
+                            abstract)
+  with manager(directory, create=False) as mngr:
+    return mngr.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(nnx.to_pure_dict(abstract))))["params"]
+
+
+def _restore_lora(directory, step: int, saved: ModelConfig, mesh, lora_base, overrides):
+  """The merged model of a LoRA checkpoint: its base, loaded as the run loaded it, plus
+  the adapters of `step`."""
+  from cardjax.model import adapters
+  from cardjax.model.lora_spec import LoraSpec
+
+  record = _lora_record(directory, step)
+  spec = LoraSpec.from_dict(record)
+  base = str(lora_base or record["base"])
+  if not checked_path(resolve(base)).exists():
+    raise CheckpointError(f"{directory}/{step} holds LoRA adapters over the base model "
+                          f"{base}, which does not exist (moved or deleted?); pass its new "
+                          "place (export-hf --lora-base PATH, or restore_model(lora_base=...)) "
+                          "to read them")
+  runtime = {k: v for k, v in overrides.items()
+             if k in ("dtype", "remat", "attention_impl", "mask_token_id")}
+  model, _ = load_model(base, mesh=mesh, **runtime)
+  shape_fields = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                  "num_kv_heads", "head_dim", "scan_layers")
+  differ = [f for f in shape_fields if getattr(model.cfg, f) != getattr(saved, f)]
+  if differ:
+    raise CheckpointError(f"{directory}/{step}: the adapters were trained on a model with "
+                          f"other {', '.join(differ)} than the base {base} has now; pass the "
+                          "base they were trained on (--lora-base)")
+  restored = checkpoint_adapters(directory, step, mesh)
+  return adapters.merge(adapters.attach(model, spec, adapters=restored))
 
 
 def load_tokenizer(directory: str | Path, model_cfg, explicit: str | None = None):

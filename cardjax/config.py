@@ -18,7 +18,8 @@ from typing import Any, Sequence
 import ml_collections
 
 from cardjax.errors import ConfigError
-from cardjax.model.config import ModelConfig
+from cardjax.model.config import DTYPES, ModelConfig
+from cardjax.model.lora_spec import spec_from_config
 
 REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -94,6 +95,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.keep_checkpoints = 3  # newest checkpoints kept
   c.train.async_checkpoint = True  # write checkpoints in the background
   c.train.init_from = ""  # "" = random init | a HF folder | an orbax checkpoint folder
+  # LoRA (docs/training.md): rank > 0 trains adapters on the targeted projections of the
+  # train.init_from model, whose weights stay frozen; checkpoints hold the adapters only.
+  c.train.lora = ml_collections.ConfigDict()
+  c.train.lora.rank = 0  # 0 = off: train every weight
+  c.train.lora.alpha = 0.0  # the update is (alpha / rank) B A x; 0 = rank (scale 1)
+  c.train.lora.targets = "all"  # comma-separated of q,k,v,o,gate,up,down, or all
+  c.train.lora.dropout = 0.0  # dropout on the adapters' input (training only)
+  c.train.lora.base_dtype = ""  # store the frozen base in this dtype ("" = model.param_dtype)
   c.train.progress = True  # a progress bar on the terminal
   c.train.compilation_cache_dir = ""  # a persistent XLA cache ("" = off): a restarted
   #   pod job loads the compiled step instead of compiling it again
@@ -270,6 +279,13 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
                       f"data.batch_size={d.batch_size}")
   if t.steps <= 0 or t.lr <= 0:
     raise ConfigError(f"config train.steps={t.steps} and train.lr={t.lr} must be > 0")
+  if spec_from_config(t.lora) is not None:
+    if not t.init_from:
+      raise ConfigError("config train.lora.rank > 0 adapts a trained model: set "
+                        "train.init_from to its HF folder or checkpoint folder")
+    if t.lora.base_dtype and t.lora.base_dtype not in DTYPES:
+      raise ConfigError(f"config train.lora.base_dtype={t.lora.base_dtype!r}: one of "
+                        f"{DTYPES}, or '' for model.param_dtype")
   if d.tokenizer_vocab > config.model.vocab_size and not d.tokenizer:
     raise ConfigError(f"config data.tokenizer_vocab={d.tokenizer_vocab} exceeds "
                       f"model.vocab_size={config.model.vocab_size}")

@@ -1,5 +1,6 @@
 """`cardjax export-hf CKPT_DIR HF_DIR`: an orbax checkpoint as a Hugging Face folder, with
-the tokenizer files the checkpoint keeps in hf_assets/."""
+the tokenizer files the checkpoint keeps in hf_assets/. A LoRA run's checkpoint is written
+merged (base + adapters): a plain model that transformers loads without peft."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ def add_arguments(p) -> None:
   p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                  help="tensor dtype on disk (default: the parameters' dtype)")
   p.add_argument("--max-shard-gb", type=float, default=5.0, help="largest safetensors shard")
+  p.add_argument("--lora-base", default=None,
+                 help="a LoRA run's base model, when it is no longer where the run read it")
 
 
 def run(args) -> None:
@@ -22,7 +25,7 @@ def run(args) -> None:
   args.checkpoint_dir, args.hf_dir = resolve(args.checkpoint_dir), resolve(args.hf_dir)
   check(args.hf_dir)  # an unusable output bucket fails before the weights are read
   model, step = checkpoint.restore_model(args.checkpoint_dir, step=args.step,
-                                         mesh=local_mesh())
+                                         mesh=local_mesh(), lora_base=args.lora_base)
   assets = f"{args.checkpoint_dir}/{checkpoint.ASSETS}"
   out = hf.save_pretrained(model, args.hf_dir, dtype=args.dtype,
                            assets_from=assets if checked_path(assets).is_dir() else None,

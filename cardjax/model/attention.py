@@ -8,6 +8,7 @@ from flax import nnx
 
 from cardjax import attention as attn_lib
 from cardjax.attention import select
+from cardjax.model import lora as lora_lib
 from cardjax.model.cache import write_slots
 from cardjax.model.config import ModelConfig
 from cardjax.model.layers import param
@@ -16,7 +17,7 @@ from cardjax.parallel.sharding import constrain
 
 
 class Attention(nnx.Module):
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, lora: lora_lib.LoraSpec | None = None):
     d, h, kv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
     pd, s = jnp.dtype(cfg.param_dtype), cfg.initializer_range
     self.dtype = jnp.dtype(cfg.dtype)
@@ -33,13 +34,24 @@ class Attention(nnx.Module):
       self.v_bias = param(rngs, (kv, hd), ("kv_heads", "head_dim"), pd, "zeros")
     if cfg.o_bias:
       self.out_bias = param(rngs, (d,), ("embed",), pd, "zeros")
+    self.q_lora = lora_lib.adapter(lora, "q", d, h * hd, cfg, rngs, in_axis="embed")
+    self.k_lora = lora_lib.adapter(lora, "k", d, kv * hd, cfg, rngs, in_axis="embed")
+    self.v_lora = lora_lib.adapter(lora, "v", d, kv * hd, cfg, rngs, in_axis="embed")
+    self.o_lora = lora_lib.adapter(lora, "o", h * hd, d, cfg, rngs, out_axis="embed")
 
-  def project(self, x, meta):
-    """q, k, v for x [b, t, d], with rotary positions applied to q and k."""
+  def project(self, x, meta, drop_keys=None):
+    """q, k, v for x [b, t, d], with rotary positions applied to q and k. drop_keys: per-row
+    keys for LoRA dropout (training only)."""
     dt = self.dtype
     q = jnp.einsum("btd,dhk->bthk", x, self.q[...].astype(dt))
     k = jnp.einsum("btd,dhk->bthk", x, self.k[...].astype(dt))
     v = jnp.einsum("btd,dhk->bthk", x, self.v[...].astype(dt))
+    if self.q_lora is not None:
+      q = q + self.q_lora(x, drop_keys).reshape(q.shape)
+    if self.k_lora is not None:
+      k = k + self.k_lora(x, drop_keys).reshape(k.shape)
+    if self.v_lora is not None:
+      v = v + self.v_lora(x, drop_keys).reshape(v.shape)
     if self.qkv_bias:
       q = q + self.q_bias[...].astype(dt)
       k = k + self.k_bias[...].astype(dt)
@@ -52,16 +64,18 @@ class Attention(nnx.Module):
     v = constrain(v, ("act_batch", "act_seq", "act_kv_heads", None))
     return q, k, v
 
-  def output(self, ctx):
+  def output(self, ctx, drop_keys=None):
     out = jnp.einsum("bthk,hkd->btd", ctx, self.o[...].astype(self.dtype))
+    if self.o_lora is not None:
+      out = out + self.o_lora(ctx.reshape(ctx.shape[:2] + (-1,)), drop_keys)
     if self.o_bias:
       out = out + self.out_bias[...].astype(self.dtype)
     return out
 
-  def __call__(self, x, meta, spec: attn_lib.MaskSpec):
-    q, k, v = self.project(x, meta)
+  def __call__(self, x, meta, spec: attn_lib.MaskSpec, drop_keys=None):
+    q, k, v = self.project(x, meta, drop_keys)
     ctx = attn_lib.attend(q, k, v, spec, meta, meta, impl=self.impl)
-    return self.output(ctx)
+    return self.output(ctx, drop_keys)
 
   def cached(self, x, meta, spec, k_all, v_all, layer, k_meta, index):
     """Attend over the cache after writing this call's keys/values at `index`.

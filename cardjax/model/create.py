@@ -7,14 +7,15 @@ from flax import nnx
 
 from cardjax.model.config import ModelConfig
 from cardjax.model.decoder import Decoder
+from cardjax.model.lora_spec import LoraSpec
 from cardjax.parallel.sharding import param_shardings
 
 
-def abstract_model(cfg: ModelConfig, mesh=None) -> Decoder:
+def abstract_model(cfg: ModelConfig, mesh=None, lora: LoraSpec | None = None) -> Decoder:
   """A Decoder whose parameters are ShapeDtypeStructs: no memory, no compute. With a mesh,
   each carries the sharding create_model gives it there, so a restore into it allocates
-  only the arrays it reads."""
-  model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+  only the arrays it reads. With `lora`, it carries those adapters too."""
+  model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0), lora=lora))
   if mesh is None:
     return model
   graphdef, state = nnx.split(model)

@@ -25,6 +25,8 @@ from cardjax.model.attention import Attention
 from cardjax.model.cache import KVCache
 from cardjax.model.config import ModelConfig
 from cardjax.model.layers import MLP, RMSNorm, param
+from cardjax.model.lora import layer_keys
+from cardjax.model.lora_spec import LoraSpec
 from cardjax.parallel.sharding import constrain
 
 _REMAT = {
@@ -35,17 +37,17 @@ _REMAT = {
 
 
 class Block(nnx.Module):
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, lora: LoraSpec | None = None):
     self.attn_norm = RMSNorm(cfg, rngs)
-    self.attn = Attention(cfg, rngs)
+    self.attn = Attention(cfg, rngs, lora)
     self.mlp_norm = RMSNorm(cfg, rngs)
-    self.mlp = MLP(cfg, rngs)
+    self.mlp = MLP(cfg, rngs, lora)
 
-  def __call__(self, x, meta, spec):
+  def __call__(self, x, meta, spec, drop_keys=None):
     with jax.named_scope("attention"):
-      x = x + self.attn(self.attn_norm(x), meta, spec)
+      x = x + self.attn(self.attn_norm(x), meta, spec, layer_keys(drop_keys, 0))
     with jax.named_scope("mlp"):
-      x = x + self.mlp(self.mlp_norm(x))
+      x = x + self.mlp(self.mlp_norm(x), layer_keys(drop_keys, 1))
     return constrain(x, ("act_batch", "act_seq", "act_embed"))
 
   def cached(self, x, meta, spec, k_all, v_all, layer, k_meta, index):
@@ -57,16 +59,19 @@ class Block(nnx.Module):
       return x + self.mlp(self.mlp_norm(x)), k_all, v_all
 
 
-def _run_block(graphdef, state, x, meta, spec):
-  return nnx.merge(graphdef, state)(x, meta, spec)
+def _run_block(graphdef, state, x, meta, spec, drop_keys):
+  return nnx.merge(graphdef, state)(x, meta, spec, drop_keys)
 
 
 class Decoder(nnx.Module):
-  """`logits = model(tokens)` with tokens int32 [batch, seq] -> [batch, seq, vocab]."""
+  """`logits = model(tokens)` with tokens int32 [batch, seq] -> [batch, seq, vocab].
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+  With `lora`, the projections it targets carry LoRA adapters (cardjax/model/lora.py)."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, lora: LoraSpec | None = None):
     cfg.validate()
     self.cfg = cfg
+    self.lora = lora
     pd = jnp.dtype(cfg.param_dtype)
     self.embed = param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd,
                        scale=cfg.initializer_range)
@@ -74,28 +79,31 @@ class Decoder(nnx.Module):
       @nnx.split_rngs(splits=cfg.num_layers)
       @nnx.vmap(in_axes=(0,), out_axes=0)
       def stacked(rngs):
-        return Block(cfg, rngs)
+        return Block(cfg, rngs, lora)
 
       self.layers = stacked(rngs)
     else:
-      self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+      self.layers = nnx.List([Block(cfg, rngs, lora) for _ in range(cfg.num_layers)])
     self.final_norm = RMSNorm(cfg, rngs)
     if not cfg.tie_word_embeddings:
       # Same [vocab, embed] layout as the embedding, so tied and untied share one matmul.
       self.lm_head = param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd,
                            scale=cfg.initializer_range)
 
-  def __call__(self, tokens, positions=None, segment_ids=None, mask=None, streams=None):
+  def __call__(self, tokens, positions=None, segment_ids=None, mask=None, streams=None,
+               drop_keys=None):
     """Run the decoder.
 
     tokens: int32 [batch, seq]. positions: [batch, seq] position ids (default 0..seq-1).
     segment_ids: [batch, seq], packed documents never attend across ids (default all 1).
     mask: an attention MaskSpec (default causal). streams: [batch, seq] 0 clean / 1 noisy
-    for the dual-stream patterns (default all 0).
+    for the dual-stream patterns (default all 0). drop_keys: one key per row for LoRA
+    dropout (training; None = no dropout).
     """
-    return self._head(self.features(tokens, positions, segment_ids, mask, streams))
+    return self._head(self.features(tokens, positions, segment_ids, mask, streams, drop_keys))
 
-  def features(self, tokens, positions=None, segment_ids=None, mask=None, streams=None):
+  def features(self, tokens, positions=None, segment_ids=None, mask=None, streams=None,
+               drop_keys=None):
     """The final-normed hidden states [batch, seq, embed] the LM head reads (arguments as
     for __call__): a chunked loss applies `head_matrix()` a slice at a time."""
     cfg = self.cfg
@@ -106,13 +114,18 @@ class Decoder(nnx.Module):
       run = jax.checkpoint(_run_block, policy=_REMAT[cfg.remat], static_argnums=(0, 4))
     if cfg.scan_layers:
       graphdef, state = nnx.split(self.layers)
+
+      def body(h, layer):
+        s, i = layer
+        return run(graphdef, s, h, meta, spec, layer_keys(drop_keys, i)), None
+
       with jax.named_scope("block"):
-        x, _ = jax.lax.scan(lambda h, s: (run(graphdef, s, h, meta, spec), None), x, state)
+        x, _ = jax.lax.scan(body, x, (state, jnp.arange(cfg.num_layers)))
     else:
       for i, block in enumerate(self.layers):
         graphdef, state = nnx.split(block)
         with jax.named_scope(f"block_{i}"):
-          x = run(graphdef, state, x, meta, spec)
+          x = run(graphdef, state, x, meta, spec, layer_keys(drop_keys, i))
     return self.final_norm(x)
 
   def forward_cached(self, tokens, cache: KVCache, positions=None, segment_ids=None,

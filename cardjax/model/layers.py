@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from cardjax.model import lora as lora_lib
 from cardjax.model.config import ModelConfig
 from cardjax.parallel.sharding import constrain
 
@@ -39,7 +40,7 @@ class RMSNorm(nnx.Module):
 class MLP(nnx.Module):
   """SwiGLU: down(silu(gate(x)) * up(x))."""
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, lora: lora_lib.LoraSpec | None = None):
     d, f = cfg.hidden_size, cfg.intermediate_size
     pd, s = jnp.dtype(cfg.param_dtype), cfg.initializer_range
     self.dtype = jnp.dtype(cfg.dtype)
@@ -51,16 +52,26 @@ class MLP(nnx.Module):
       self.gate_bias = param(rngs, (f,), ("mlp",), pd, "zeros")
       self.up_bias = param(rngs, (f,), ("mlp",), pd, "zeros")
       self.down_bias = param(rngs, (d,), ("embed",), pd, "zeros")
+    self.gate_lora = lora_lib.adapter(lora, "gate", d, f, cfg, rngs, in_axis="embed")
+    self.up_lora = lora_lib.adapter(lora, "up", d, f, cfg, rngs, in_axis="embed")
+    self.down_lora = lora_lib.adapter(lora, "down", f, d, cfg, rngs, out_axis="embed")
 
-  def __call__(self, x):
+  def __call__(self, x, drop_keys=None):
+    """drop_keys: per-row keys for LoRA dropout (training only; None otherwise)."""
     dt = self.dtype
     gate = x @ self.gate[...].astype(dt)
     up = x @ self.up[...].astype(dt)
+    if self.gate_lora is not None:
+      gate = gate + self.gate_lora(x, drop_keys)
+    if self.up_lora is not None:
+      up = up + self.up_lora(x, drop_keys)
     if self.bias:
       gate = gate + self.gate_bias[...].astype(dt)
       up = up + self.up_bias[...].astype(dt)
     h = constrain(jax.nn.silu(gate) * up, ("act_batch", "act_seq", "act_mlp"))
     out = h @ self.down[...].astype(dt)
+    if self.down_lora is not None:
+      out = out + self.down_lora(h, drop_keys)
     if self.bias:
       out = out + self.down_bias[...].astype(dt)
     return out

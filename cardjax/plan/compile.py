@@ -20,6 +20,7 @@ from flax import nnx
 from cardjax.config import model_config
 from cardjax.data.pipeline import KEYS as BATCH_KEYS, batch_sharding
 from cardjax.model import abstract_model
+from cardjax.model.lora_spec import spec_from_config
 from cardjax.objectives import make_objective
 from cardjax.parallel import make_mesh, use_rules
 from cardjax.train import flops
@@ -31,7 +32,7 @@ from cardjax.train.step import jit_train_step
 class Compiled:
   """Per-device bytes of one compiled train step (and what fed them)."""
 
-  params: int  # this device's shard of the parameters
+  params: int  # this device's shard of the parameters (trained and frozen)
   opt_state: int  # ... of the optimizer state
   temp: int  # the compiler's temporaries: activations, gradients, workspace
   total: int  # arguments + outputs - aliased + temporaries
@@ -66,8 +67,16 @@ def compile_step(config, devices) -> Compiled:
   with use_rules(rules) if rules else contextlib.nullcontext():
     cfg = model_config(config)
     objective = make_objective(config.objective, cfg)
-    graphdef, params = nnx.split(abstract_model(cfg, mesh), nnx.Param)
-    params = nnx.to_pure_dict(params)
+    # Under LoRA the optimizer holds the adapters; the base is frozen (and may be stored
+    # in train.lora.base_dtype), as `cardjax train` splits it.
+    spec = spec_from_config(config.train.lora)
+    graphdef, params, frozen = nnx.split(abstract_model(cfg, mesh, lora=spec),
+                                         nnx.LoRAParam if spec else nnx.Param, nnx.Param)
+    params, frozen = nnx.to_pure_dict(params), nnx.to_pure_dict(frozen)
+    if spec is not None and config.train.lora.base_dtype:
+      dtype = jnp.dtype(config.train.lora.base_dtype)
+      frozen = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, dtype, sharding=a.sharding),
+                            frozen)
     tx = make_optimizer(config.train, params)
     # Outside jax.set_mesh: state_shardings runs tx.init on placeholders eagerly, which a
     # compile-only device cannot do; the default (CPU) device does it.
@@ -78,14 +87,16 @@ def compile_step(config, devices) -> Compiled:
   rows_sh = batch_sharding(mesh)
   with jax.set_mesh(mesh), (use_rules(rules) if rules else contextlib.nullcontext()):
     step = jit_train_step(graphdef, objective, tx, config.train, config.seed, param_sh, opt_sh,
-                          rows_sh)
+                          rows_sh, jax.tree.map(lambda x: x.sharding, frozen))
     shape = (config.data.batch_size, config.data.seq_len)
     batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rows_sh)
              for k in BATCH_KEYS}
-    compiled = step.lower(params, opt_state, batch, jax.ShapeDtypeStruct((), jnp.int32)).compile()
+    compiled = step.lower(params, opt_state, batch, jax.ShapeDtypeStruct((), jnp.int32),
+                          frozen).compile()
     mem = compiled.memory_analysis()
   total = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
            + mem.temp_size_in_bytes)
-  return Compiled(params=_per_device(params), opt_state=_per_device(opt_state),
+  return Compiled(params=_per_device(params) + _per_device(frozen),
+                  opt_state=_per_device(opt_state),
                   temp=mem.temp_size_in_bytes, total=total,
                   flops_per_step=step_flops(config, cfg, objective), mesh=dict(mesh.shape))

@@ -2,12 +2,14 @@
 
 Items of a step: `params` and `model_config` (what cardjax.checkpoint.restore_model and
 `cardjax export-hf` read), `opt_state`, `data` (each host's grain iterator state, one file
-per process) and `config` (the
-run's whole config, for the record). Saves are asynchronous; orbax writes each step to a
-temporary folder and renames it only when complete, so a crash, SIGTERM or full disk during
-a save leaves the previous step as the latest. On s3:// orbax writes to a local staging
-folder and each step is uploaded once saved, its commit marker last (synchronously: the
-upload needs the finished step), cardjax/storage/staged.py.
+per process) and `config` (the run's whole config, for the record). A LoRA run's `params`
+are its adapters, and its `lora` item (JSON) holds their spec and the base's path.
+
+Saves are asynchronous; orbax writes each step to a temporary folder and renames it only
+when complete, so a crash, SIGTERM or full disk during a save leaves the previous step as
+the latest. On s3:// orbax writes to a local staging folder and each step is uploaded once
+saved, its commit marker last (synchronously: the upload needs the finished step),
+cardjax/storage/staged.py.
 """
 
 from __future__ import annotations
@@ -53,13 +55,17 @@ class TrainCheckpointer:
   def latest_step(self) -> int | None:
     return self.mngr.latest_step()
 
-  def save(self, step: int, params, opt_state, loader, config, model_cfg) -> None:
-    self.mngr.save(step, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(params),
-        opt_state=ocp.args.StandardSave(opt_state),
-        data=loader.checkpoint_save(),
-        config=ocp.args.JsonSave(config.to_dict()),
-        model_config=ocp.args.JsonSave(model_cfg.to_dict())), force=True)
+  def save(self, step: int, params, opt_state, loader, config, model_cfg,
+           lora: dict | None = None) -> None:
+    """lora: a LoRA run's spec and base path; its params are the adapters only."""
+    items = dict(params=ocp.args.StandardSave(params),
+                 opt_state=ocp.args.StandardSave(opt_state),
+                 data=loader.checkpoint_save(),
+                 config=ocp.args.JsonSave(config.to_dict()),
+                 model_config=ocp.args.JsonSave(model_cfg.to_dict()))
+    if lora is not None:
+      items["lora"] = ocp.args.JsonSave(lora)
+    self.mngr.save(step, args=ocp.args.Composite(**items), force=True)
     if self.staged is not None:
       self.mngr.wait_until_finished()
       if jax.process_index() == 0:

@@ -27,18 +27,19 @@ from flax import nnx
 from tqdm import tqdm
 
 from cardjax import checkpoint as model_checkpoint
-from cardjax import hf
 from cardjax.config import model_config
 from cardjax.data.pipeline import batch_sharding
 from cardjax.data.prepare import make_loader, tokenizer_source
-from cardjax.errors import CardjaxError
+from cardjax.errors import CardjaxError, CheckpointError
 from cardjax.model import ModelConfig, abstract_model, create_model
+from cardjax.model import adapters as lora_adapters
+from cardjax.model.lora import count as param_total, nbytes
+from cardjax.model.lora_spec import spec_from_config
 from cardjax.objectives import make_objective
 from cardjax.parallel import make_mesh, use_rules
 from cardjax.train import flops, periodic, validation
 from cardjax.train.checkpointing import TrainCheckpointer
 from cardjax.storage import checked_path, check, is_remote, resolve
-from cardjax.storage.transfer import cached_copy
 from cardjax.train.metrics import MetricsWriter, local_run_dir
 from cardjax.train.optimizer import learning_rate, make_optimizer, sharded_init
 from cardjax.train.periodic import Preempted, TrainingError
@@ -90,7 +91,7 @@ class Job:
   eval_fn: Callable
   eval_batches: list
   schedule: Callable
-  params: Any
+  params: Any  # what the optimizer trains: every weight, or the LoRA adapters only
   opt_state: Any
   start: int  # steps done before this run (the resumed checkpoint's step)
   last_saved: int | None  # the step of the newest checkpoint
@@ -98,6 +99,8 @@ class Job:
   peak: float | None  # one device's peak FLOP/s, where known
   flops_per_step: float | None = None  # measured on the first batch
   metrics: dict = dataclasses.field(default_factory=dict)  # the newest step's, on device
+  frozen: Any = dataclasses.field(default_factory=dict)  # LoRA's base weights; {} otherwise
+  lora: Any = None  # the LoraSpec of a LoRA run
 
   def advance(self, step: int) -> None:
     """Runs step `step` (counted from 1, as metrics.jsonl counts): dispatched, not waited
@@ -110,10 +113,14 @@ class Job:
                                                        self.config.data.batch_size)
     # The step function counts from 0: its corruption keys and its learning rate.
     self.params, self.opt_state, self.metrics = self.step_fn(
-        self.params, self.opt_state, batch, jnp.int32(step - 1))
+        self.params, self.opt_state, batch, jnp.int32(step - 1), self.frozen)
 
   def save(self, step: int) -> None:
-    self.ckpt.save(step, self.params, self.opt_state, self.loader, self.config, self.cfg)
+    lora = None
+    if self.lora is not None:  # where restore_model finds the base the adapters fit
+      lora = dict(self.lora.to_dict(), base=resolve(self.config.train.init_from))
+    self.ckpt.save(step, self.params, self.opt_state, self.loader, self.config, self.cfg,
+                   lora)
     self.last_saved = step
     self.writer.sync()  # a bucket workdir's metrics, as far as the checkpoint
 
@@ -129,15 +136,13 @@ def _init_model(config, mesh):
   runtime = {k: config.model[k] for k in RUNTIME_FIELDS}
   if not source:
     return create_model(model_config(config), seed=config.seed, mesh=mesh), "random init"
-  path = resolve(source)
-  if (checked_path(path) / "config.json").is_file():
-    return hf.from_pretrained(cached_copy(path), mesh=mesh, **runtime), f"HF {path}"
-  if checked_path(path).is_dir():
-    overrides = {k: runtime[k] for k in ("dtype", "remat", "attention_impl", "mask_token_id")}
-    model, step = model_checkpoint.restore_model(path, mesh=mesh, **overrides)
-    return model, f"orbax {path} step {step}"
-  raise CardjaxError(f"train.init_from={source!r} is neither a HF folder (config.json) nor "
-                     "an orbax checkpoint folder")
+  if not (checked_path(resolve(source)) / "config.json").is_file():
+    # A checkpoint keeps its own layout (scan_layers, param_dtype); HF folders take all.
+    runtime = {k: runtime[k] for k in ("dtype", "remat", "attention_impl", "mask_token_id")}
+  try:
+    return model_checkpoint.load_model(source, mesh=mesh, **runtime)
+  except CheckpointError as e:
+    raise CardjaxError(f"train.init_from={source!r}: {e}") from None
 
 
 def setup(config, workdir: str | Path, mesh) -> Job:
@@ -150,7 +155,18 @@ def setup(config, workdir: str | Path, mesh) -> Job:
   # and generate needs no data dir.
   model_checkpoint.copy_assets(ckpt.directory, tokenizer_source(config))
   latest = ckpt.latest_step()
-  if latest is not None:
+  spec = spec_from_config(t.lora)
+  if spec is not None:
+    # LoRA: the base always comes from train.init_from (checkpoints hold adapters only);
+    # fresh adapters, which a resumed run's restore below replaces.
+    base, origin = _init_model(config, mesh)
+    if t.lora.base_dtype:
+      base = _cast_params(base, t.lora.base_dtype)
+    model = lora_adapters.attach(base, spec, seed=config.seed, mesh=mesh)
+    origin = f"LoRA rank {spec.rank} on {','.join(spec.targets)} over {origin}"
+    if latest is not None:
+      origin += f", resumed from step {latest}"
+  elif latest is not None:
     saved = model_checkpoint.read_model_config(ckpt.orbax_dir, latest)
     runtime = {k: config.model[k] for k in RUNTIME_FIELDS}
     # Shapes and shardings only: the restore below writes every array once, so a resumed
@@ -161,8 +177,8 @@ def setup(config, workdir: str | Path, mesh) -> Job:
     model, origin = _init_model(config, mesh)
   cfg = model.cfg
   objective = make_objective(config.objective, cfg)
-  graphdef, params = nnx.split(model, nnx.Param)
-  params = nnx.to_pure_dict(params)
+  graphdef, params, frozen = nnx.split(model, nnx.LoRAParam if spec else nnx.Param, nnx.Param)
+  params, frozen = nnx.to_pure_dict(params), nnx.to_pure_dict(frozen)
   del model
   tx = make_optimizer(t, params)
   init_opt = sharded_init(tx, params, mesh)
@@ -177,11 +193,13 @@ def setup(config, workdir: str | Path, mesh) -> Job:
     start = latest
   param_sh = jax.tree.map(lambda x: x.sharding, params)
   opt_sh = jax.tree.map(lambda x: x.sharding, opt_state)
+  frozen_sh = jax.tree.map(lambda x: x.sharding, frozen)
   log.info("model: %s (%s), objective %s, mesh %s", origin, cfg.model_type, objective.name,
            dict(mesh.shape))
+  _log_trainable(params, frozen, opt_state)
 
   step_fn = jit_train_step(graphdef, objective, tx, t, config.seed, param_sh, opt_sh,
-                           batch_sharding(mesh))
+                           batch_sharding(mesh), frozen_sh)
   eval_fn = jax.jit(make_eval_step(graphdef, objective, config.seed, t.loss_chunk))
   # Read before the first step (and its timer), so a broken validation split fails at once.
   eval_batches = validation.eval_batches(config)
@@ -191,7 +209,27 @@ def setup(config, workdir: str | Path, mesh) -> Job:
              opt_state=opt_state, start=start, last_saved=latest,
              model_tokens=(config.data.batch_size * config.data.seq_len
                            * objective.stream_factor),
-             peak=flops.peak_flops_per_device())
+             peak=flops.peak_flops_per_device(), frozen=frozen, lora=spec)
+
+
+def _cast_params(model, dtype: str):
+  """`model` with every parameter stored in `dtype` (a LoRA base held in bfloat16: its
+  layers compute in model.dtype whatever the storage)."""
+  graphdef, state = nnx.split(model, nnx.Param)
+  state = jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), state)
+  return nnx.merge(graphdef, state)
+
+
+def _log_trainable(params, frozen, opt_state) -> None:
+  """What the optimizer trains and holds, on the terminal and in the log."""
+  trained, held = param_total(params), param_total(frozen)
+  line = (f"trainable parameters: {trained:,} of {trained + held:,} "
+          f"({100 * trained / (trained + held):.2f}%); optimizer state "
+          f"{nbytes(opt_state) / 2**20:,.1f} MiB; frozen weights {nbytes(frozen) / 2**20:,.1f} "
+          "MiB")
+  log.info(line)
+  if jax.process_index() == 0:
+    print(line, flush=True)
 
 
 def _loop(job: Job, profile: ProfileWindow) -> dict:

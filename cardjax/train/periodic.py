@@ -138,7 +138,8 @@ class Validate:
     return every(self.every, step, self.last_step)
 
   def run(self, job, step: int) -> None:
-    self.values = validation.evaluate(job.eval_fn, job.params, job.eval_batches, job.mesh)
+    self.values = validation.evaluate(job.eval_fn, job.params, job.eval_batches, job.mesh,
+                                      job.frozen)
     job.writer.write(step, self.values, prefix="eval")
     log.info("step %d eval: %s", step, {k: round(v, 4) for k, v in self.values.items()})
     if step % self.log_every == 0:  # validation time is not training throughput

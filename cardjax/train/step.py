@@ -6,6 +6,11 @@ resumed run, a different mesh, or k accumulation micro-batches of b rows all dra
 the masks one step of k*b rows draws. Micro-batch losses are weighted by their objective's
 normalizer (tokens or rows), so accumulation equals the large batch instead of averaging
 means (and never rescales the loss twice).
+
+`params` are what the step trains and the optimizer holds; `frozen` the rest of the model,
+read but never differentiated or updated: the base weights under LoRA (the adapters are the
+params), an empty dict otherwise. The graphdef comes from
+`nnx.split(model, trainable, nnx.Param)`.
 """
 
 from __future__ import annotations
@@ -54,12 +59,16 @@ def step_strata(seed_key: jax.Array, step, rows: int) -> jax.Array:
   return jnp.mod(u + jnp.arange(rows, dtype=jnp.float32) / rows, 1.0)
 
 
-def forward(graphdef, params, inputs: ModelInputs, loss_chunk: int = 0):
+def forward(graphdef, params, inputs: ModelInputs, loss_chunk: int = 0, frozen=None,
+            drop_keys=None):
   """The logits of `inputs`; with loss_chunk > 0 a HeadInputs instead (features and head),
-  whose cross-entropy is taken loss_chunk positions at a time (objectives.chunked_ce)."""
-  model = nnx.merge(graphdef, params)
+  whose cross-entropy is taken loss_chunk positions at a time (objectives.chunked_ce).
+  drop_keys: the rows' keys, for LoRA dropout where the model has it (training)."""
+  model = nnx.merge(graphdef, params, {} if frozen is None else frozen)
+  if model.lora is None or not model.lora.dropout:
+    drop_keys = None
   args = dict(positions=inputs.positions, segment_ids=inputs.segment_ids, mask=inputs.mask,
-              streams=inputs.streams)
+              streams=inputs.streams, drop_keys=drop_keys)
   if loss_chunk:
     return HeadInputs(model.features(inputs.tokens, **args), model.head_matrix(), loss_chunk)
   return model(inputs.tokens, **args)
@@ -67,18 +76,20 @@ def forward(graphdef, params, inputs: ModelInputs, loss_chunk: int = 0):
 
 def make_train_step(graphdef, objective: Objective, tx: optax.GradientTransformation,
                     seed: int, accum: int, loss_chunk: int = 0):
-  def micro_loss(params, micro, keys, strata):
+  def micro_loss(params, frozen, micro, keys, strata):
     inputs = corrupt_rows(objective, micro, keys, strata)
-    loss, metrics = objective.loss(forward(graphdef, params, inputs, loss_chunk), inputs)
+    loss, metrics = objective.loss(forward(graphdef, params, inputs, loss_chunk, frozen, keys),
+                                   inputs)
     n = jax.lax.stop_gradient(objective.normalizer(inputs))
     return loss * n, (n, metrics)
 
   grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-  def step_fn(params, opt_state, batch, step):
+  def step_fn(params, opt_state, batch, step, frozen=None):
     # The key is made inside the trace: an eager key would be a constant committed to the
     # default device, which a compile-only mesh (cardjax plan) cannot take.
     seed_key = jax.random.key(seed)
+    frozen = {} if frozen is None else frozen
     rows = batch["tokens"].shape[0]
     if rows % accum:
       raise ValueError(f"batch of {rows} rows does not split into {accum} micro-batches")
@@ -99,20 +110,20 @@ def make_train_step(graphdef, objective: Objective, tx: optax.GradientTransforma
 
     def body(carry, xs):
       grads, total, norm, metrics = carry
-      (weighted, (n, m)), g = grad_fn(params, *xs)
+      (weighted, (n, m)), g = grad_fn(params, frozen, *xs)
       metrics = jax.tree.map(lambda a, b: a + b * n, metrics, m)
       return (jax.tree.map(jnp.add, grads, g), total + weighted, norm + n, metrics), None
 
     if accum == 1:
-      (weighted, (n, m)), g = grad_fn(params, jax.tree.map(lambda x: x[0], micro), keys[0],
-                                      strata[0])
+      (weighted, (n, m)), g = grad_fn(params, frozen, jax.tree.map(lambda x: x[0], micro),
+                                      keys[0], strata[0])
       carry = (g, weighted, n, jax.tree.map(lambda b: b * n, m))
     else:
       # Every micro-batch inside the scan, from a zero carry: with the first one outside
       # (to learn the metrics' shapes) XLA kept its activations live beside the scan's,
       # so accum 2 needed about twice accum 1's temp memory instead of about half.
-      shapes = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro), keys[0],
-                              strata[0])
+      shapes = jax.eval_shape(grad_fn, params, frozen, jax.tree.map(lambda x: x[0], micro),
+                              keys[0], strata[0])
       (weighted, (n, m)), g = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
       carry, _ = jax.lax.scan(body, (g, weighted, n, m), (micro, keys, strata))
     grads, total, norm, metrics = carry
@@ -128,26 +139,29 @@ def make_train_step(graphdef, objective: Objective, tx: optax.GradientTransforma
 
 
 def jit_train_step(graphdef, objective: Objective, tx: optax.GradientTransformation, train,
-                   seed: int, param_sh, opt_sh, batch_sh):
+                   seed: int, param_sh, opt_sh, batch_sh, frozen_sh=None):
   """The train step as the trainer runs it (and `cardjax plan` compiles it): jitted with
   the parameters' and optimizer state's shardings in and out, the batch rows over the
-  data-parallel axes, parameters and state donated."""
+  data-parallel axes, parameters and state donated (the frozen weights are read only).
+  Called as step(params, opt_state, batch, step, frozen)."""
   batch_shardings = {k: batch_sh for k in BATCH_KEYS}
   return jax.jit(make_train_step(graphdef, objective, tx, seed, train.grad_accum,
                                  train.loss_chunk),
-                 in_shardings=(param_sh, opt_sh, batch_shardings, None),
+                 in_shardings=(param_sh, opt_sh, batch_shardings, None,
+                               {} if frozen_sh is None else frozen_sh),
                  out_shardings=(param_sh, opt_sh, None), donate_argnums=(0, 1))
 
 
 def make_eval_step(graphdef, objective: Objective, seed: int, loss_chunk: int = 0):
   """Objective loss (fixed corruption per eval row) and the plain AR NLL of the clean text."""
-  def eval_fn(params, batch, index):
+  def eval_fn(params, batch, index, frozen=None):
     eval_key = jax.random.fold_in(jax.random.key(seed), 2**31 - 1)  # never a train step
     rows = batch["tokens"].shape[0]
     inputs = corrupt_rows(objective, batch, step_row_keys(eval_key, index, rows),
                           step_strata(eval_key, index, rows))
-    loss, metrics = objective.loss(forward(graphdef, params, inputs, loss_chunk), inputs)
-    model = nnx.merge(graphdef, params)
+    loss, metrics = objective.loss(forward(graphdef, params, inputs, loss_chunk, frozen),
+                                   inputs)
+    model = nnx.merge(graphdef, params, {} if frozen is None else frozen)
     nll = objective.ar_nll(lambda t, p, s: model(t, positions=p, segment_ids=s), batch)
     return dict(metrics, loss=loss, ar_nll=nll)
 

@@ -19,12 +19,13 @@ def eval_batches(config) -> list[dict]:
     return [next(loader) for _ in range(config.train.eval_steps)]
 
 
-def evaluate(eval_fn, params, batches, mesh) -> dict:
+def evaluate(eval_fn, params, batches, mesh, frozen=None) -> dict:
   """Mean objective loss and AR NLL over the fixed validation batches (eval_fn: the
-  jitted cardjax.train.step.make_eval_step)."""
+  jitted cardjax.train.step.make_eval_step; frozen: the weights params do not hold)."""
   totals: dict = {}
   for index, batch in enumerate(batches):
-    out = jax.device_get(eval_fn(params, to_global(batch, mesh), jnp.int32(index)))
+    out = jax.device_get(eval_fn(params, to_global(batch, mesh), jnp.int32(index),
+                                 {} if frozen is None else frozen))
     for k, v in out.items():
       totals[k] = totals.get(k, 0.0) + float(v)
   return {k: v / len(batches) for k, v in totals.items()}
