@@ -4,17 +4,20 @@
                           # runs/smollm2/base (orbax + hf_assets/ tokenizer, [MASK] = id 16)
   cardjax train --config configs/smollm2_135m.py:sft  --workdir runs/smollm2/sft
   cardjax train --config configs/smollm2_135m.py:mars --workdir runs/smollm2/mars
+  cardjax train --config configs/smollm2_135m.py:mars_lora --workdir runs/smollm2/mars_lora
 
 Stage 1 (:sft) is AR SFT on arith_sft rendered with the model's own tokenizer and chat
 template (its default system prompt included); stage 2 (:mars) is MARS (B = 4, alpha = 1)
-on the same data from the stage-1 checkpoint: the paper's two-stage recipe. The model
+on the same data from the stage-1 checkpoint: the paper's two-stage recipe. :mars_lora is
+stage 2 with LoRA instead of full weights (rank 16, alpha 32, on every projection, the SFT
+model frozen), at the higher rate adapters need. The model
 section equals what `cardjax import-gguf` reads from the file (tested), so the tokenizer
 and [MASK] id checks pass. Timings and results: docs/real_model.md.
 """
 
 from cardjax.config import base_config
 
-STAGES = ("sft", "mars")
+STAGES = ("sft", "mars", "mars_lora")
 BASE = "runs/smollm2/base"  # written by `make smollm2`
 
 
@@ -44,7 +47,7 @@ def model_section(c) -> None:
 
 def get_config(stage: str = "sft"):
   if stage not in STAGES:
-    raise ValueError(f"pick a stage: smollm2_135m.py:sft or :mars, got {stage!r}")
+    raise ValueError(f"pick a stage: smollm2_135m.py:sft, :mars or :mars_lora, got {stage!r}")
   c = base_config()
   c.name = f"smollm2_135m_{stage}"
   model_section(c)
@@ -64,6 +67,12 @@ def get_config(stage: str = "sft"):
   # rate: 60 MARS steps at 2e-5 left it at 1.43 and still falling (docs/real_model.md).
   c.train.steps = 60 if stage == "sft" else 160
   c.train.lr = 2e-5 if stage == "sft" else 5e-5
+  if stage == "mars_lora":
+    # The same 160 steps and data as :mars; LoRA's usual 10x the full fine-tune's rate.
+    c.train.lr = 5e-4
+    c.train.lora.rank = 16
+    c.train.lora.alpha = 32.0
+    c.train.lora.targets = "all"
   c.train.schedule = "cosine"
   c.train.warmup_fraction = 0.03
   c.train.min_lr_ratio = 0.1

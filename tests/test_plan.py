@@ -110,3 +110,18 @@ def test_a_recipe_that_fits_nowhere_exits_1_with_the_numbers(capsys):
     targets.GPUS["H200"] = hbm
   out = capsys.readouterr().out
   assert code == 1 and "does not fit with any grad_accum tried" in out and "MiB" in out
+
+
+def test_a_lora_plan_holds_optimizer_state_for_the_adapters_only():
+  """train.lora: the optimizer state is the adapters' (a few percent of full fine-tuning's),
+  the weights are the frozen base plus the adapters, and base_dtype bfloat16 halves the
+  base."""
+  full = run_plan(load_config("configs/tiny_mars.py", TINY), "v5p-8")[0]
+  lora_args = [*TINY, "--config.train.lora.rank=2", "--config.train.init_from=runs/base"]
+  lora = run_plan(load_config("configs/tiny_mars.py", lora_args), "v5p-8")[0]
+  half = run_plan(load_config("configs/tiny_mars.py",
+                              [*lora_args, "--config.train.lora.base_dtype=bfloat16"]),
+                  "v5p-8")[0]
+  assert lora.fits and lora.opt_state < 0.15 * full.opt_state
+  assert full.params < lora.params < 1.2 * full.params
+  assert half.params < 0.6 * lora.params and half.opt_state == lora.opt_state

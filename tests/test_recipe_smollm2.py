@@ -1,4 +1,4 @@
-"""configs/smollm2_135m.py: both stages load and validate, and the MARS stage starts from
+"""configs/smollm2_135m.py: the stages load and validate, and the MARS stage starts from
 the SFT stage (the paper's two-stage recipe). The model section is checked against the
 real file in tests/test_gguf_real.py (slow)."""
 
@@ -17,6 +17,10 @@ def test_stages():
   assert sft.data.tokenizer == mars.data.tokenizer == "runs/smollm2/base/hf_assets"
   assert sft.model == mars.model and sft.model.mask_token_id == 16
   assert sft.data.pad_to_multiple % mars.objective.block_size == 0
+  lora = load_config("configs/smollm2_135m.py:mars_lora")
+  assert lora.objective == mars.objective and lora.data == mars.data
+  assert lora.train.init_from == mars.train.init_from and lora.train.steps == mars.train.steps
+  assert (lora.train.lora.rank, mars.train.lora.rank) == (16, 0)
 
 
 def test_unknown_stage_is_an_error():
