@@ -61,9 +61,11 @@ def reinit_(model, seed: int, std: float = 0.2):
 def build_hf_model(family: str, seed: int = 0, **config):
   """A random-init transformers model (eager attention, fp32), re-initialised by reinit_."""
   torch = _torch()
-  from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+  from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                            Qwen3Config, Qwen3ForCausalLM)
 
-  classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
+  classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM),
+             "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
   config_cls, model_cls = classes[family]
   defaults = dict(vocab_size=160, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,

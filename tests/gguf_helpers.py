@@ -35,6 +35,8 @@ LAYER = {"input_layernorm.weight": "attn_norm.weight",
          "self_attn.o_proj.weight": "attn_output.weight",
          "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
          "self_attn.v_proj.bias": "attn_v.bias",
+         "self_attn.q_norm.weight": "attn_q_norm.weight",
+         "self_attn.k_norm.weight": "attn_k_norm.weight",
          "post_attention_layernorm.weight": "ffn_norm.weight",
          "mlp.gate_proj.weight": "ffn_gate.weight",
          "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}
@@ -98,7 +100,8 @@ def encode(array: np.ndarray, qtype: str, seed: int = 0):
 
 def hf_to_gguf_tensors(torch_model, arch: str) -> dict[str, np.ndarray]:
   """llama.cpp names -> float arrays [out, in] of a transformers model, Q and K permuted for
-  llama as convert_hf_to_gguf.py does (weights and biases; n_head_kv for K)."""
+  llama as convert_hf_to_gguf.py does (weights and biases; n_head_kv for K); qwen2 and
+  qwen3 as they are (Qwen3's q/k norms included)."""
   cfg = torch_model.config
   out = {}
   for name, p in torch_model.state_dict().items():
@@ -137,6 +140,9 @@ def write_gguf(path: str | Path, arch: str, meta: dict, tensors: dict, *,
   w.add_rope_freq_base(meta["rope_freq_base"])
   w.add_layer_norm_rms_eps(meta["rms_eps"])
   w.add_rope_dimension_count(meta["rope_dimension_count"])
+  if "key_length" in meta:
+    w.add_key_length(meta["key_length"])
+    w.add_value_length(meta["key_length"])
   w.add_file_type(meta.get("file_type", 0))
   tokens, types, merges = vocab if vocab is not None else vocabulary()
   w.add_vocab_size(len(tokens))
@@ -165,12 +171,15 @@ def write_gguf(path: str | Path, arch: str, meta: dict, tensors: dict, *,
 def model_meta(torch_model) -> dict:
   cfg = torch_model.config
   head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-  return dict(block_count=cfg.num_hidden_layers, context_length=cfg.max_position_embeddings,
+  meta = dict(block_count=cfg.num_hidden_layers, context_length=cfg.max_position_embeddings,
               embedding_length=cfg.hidden_size, feed_forward_length=cfg.intermediate_size,
               head_count=cfg.num_attention_heads, head_count_kv=cfg.num_key_value_heads,
               rope_freq_base=float(getattr(cfg, "rope_theta", None)
                                    or cfg.rope_parameters["rope_theta"]),
               rms_eps=cfg.rms_norm_eps, rope_dimension_count=head_dim)
+  if "head_dim" in cfg.to_dict():  # the converter writes key/value_length from it
+    meta["key_length"] = head_dim
+  return meta
 
 
 def write_model(path: str | Path, torch_model, arch: str, qtype: str = "F32", seed: int = 0,

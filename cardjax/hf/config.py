@@ -1,4 +1,4 @@
-"""Hugging Face config.json <-> ModelConfig for the qwen2 and llama model types.
+"""Hugging Face config.json <-> ModelConfig for the qwen2, qwen3 and llama model types.
 
 Reads both config layouts in the wild: transformers 4 (`rope_theta`, `rope_scaling`) and
 transformers 5 (`rope_parameters`). Writes both, so either version loads the export.
@@ -16,7 +16,8 @@ from cardjax.model.config import ModelConfig
 
 log = logging.getLogger("cardjax.hf")
 
-ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM"}
 # Model types that are another's weights and config keys under a new name: released MARS
 # checkpoints (Xalp/MARS) save a Qwen2 model as "a2d-qwen2", whose class only swaps the
 # causal mask (cardjax builds its own masks). Exports say "qwen2", which transformers loads
@@ -58,7 +59,7 @@ def model_config_from_hf(hf: dict[str, Any], source: str = "config.json",
     model_type = ALIASES[model_type]
   if model_type not in ARCHITECTURES:
     raise CheckpointError(f"{source}: unsupported model_type {model_type!r}; cardjax reads "
-                          f"{sorted(ARCHITECTURES)} (Qwen2/Qwen2.5 and Llama families)")
+                          f"{sorted(ARCHITECTURES)} (Qwen2/Qwen2.5, Qwen3 and Llama families)")
 
   def need(key):
     if key not in hf:
@@ -81,7 +82,7 @@ def model_config_from_hf(hf: dict[str, Any], source: str = "config.json",
                           "is implemented")
   if hf.get("use_sliding_window", False):
     raise CheckpointError(f"{source}: use_sliding_window=true is not implemented; set it "
-                          "to false (Qwen2.5 releases ship with it off)")
+                          "to false (Qwen2.5 and Qwen3 releases ship with it off)")
 
   rope, legacy = hf.get("rope_parameters") or {}, hf.get("rope_scaling") or {}
   for key, value in (("rope_parameters", rope), ("rope_scaling", legacy)):
@@ -95,6 +96,8 @@ def model_config_from_hf(hf: dict[str, Any], source: str = "config.json",
   theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
 
   heads = need("num_attention_heads")
+  # transformers' Qwen3Config defaults head_dim to 128 (not hidden / heads) when it is absent.
+  default_head_dim = 128 if model_type == "qwen3" else 0
   if isinstance(theta, bool) or not isinstance(theta, (int, float)):
     raise CheckpointError(f"{source}: rope_theta={theta!r} must be a number")
   try:
@@ -106,7 +109,7 @@ def model_config_from_hf(hf: dict[str, Any], source: str = "config.json",
         num_layers=need("num_hidden_layers"),
         num_heads=heads,
         num_kv_heads=_int("num_key_value_heads", hf.get("num_key_value_heads") or heads),
-        head_dim=_int("head_dim", hf.get("head_dim") or 0),
+        head_dim=_int("head_dim", hf.get("head_dim") or default_head_dim),
         rms_norm_eps=_num("rms_norm_eps", 1e-6),
         rope_theta=float(theta),
         rope_type=rope_type,
@@ -126,6 +129,9 @@ def model_config_from_hf(hf: dict[str, Any], source: str = "config.json",
     raise CheckpointError(f"{source}: a rope or token-id value is malformed ({e})") from None
   if model_type == "qwen2":
     values.update(qkv_bias=True, o_bias=False, mlp_bias=False)
+  elif model_type == "qwen3":  # attention_bias covers q, k, v and o; the MLP has none
+    bias = bool(hf.get("attention_bias", False))
+    values.update(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=True)
   else:
     bias = bool(hf.get("attention_bias", False))
     values.update(qkv_bias=bias, o_bias=bias, mlp_bias=bool(hf.get("mlp_bias", False)))
@@ -146,8 +152,14 @@ def hf_config_from_model(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
       raise CheckpointError("qwen2 has biases on q, k, v only; this model's bias settings "
                             "need model_type=llama")
   elif cfg.qkv_bias != cfg.o_bias:
-    raise CheckpointError("llama's attention_bias covers q, k, v and o together; "
+    raise CheckpointError(f"{cfg.model_type}'s attention_bias covers q, k, v and o together; "
                           f"got qkv_bias={cfg.qkv_bias} o_bias={cfg.o_bias}")
+  if cfg.model_type == "qwen3" and cfg.mlp_bias:
+    raise CheckpointError("qwen3 has no MLP biases, and llama no q/k norms: a model with "
+                          "qk_norm=true and mlp_bias=true has no transformers class")
+  if cfg.qk_norm and cfg.model_type != "qwen3":
+    raise CheckpointError(f"{cfg.model_type} has no q/k norms; a model with qk_norm=true "
+                          "exports as model_type=qwen3")
   rope: dict[str, Any] = {"rope_type": cfg.rope_type, "rope_theta": cfg.rope_theta}
   if cfg.rope_type == "linear":
     rope["factor"] = cfg.rope_factor
@@ -184,6 +196,9 @@ def hf_config_from_model(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
                max_window_layers=cfg.num_layers)
     if head_dim * cfg.num_heads != cfg.hidden_size:
       out["head_dim"] = head_dim  # read by transformers >= 5; older versions assume d / h
+  elif cfg.model_type == "qwen3":  # head_dim always: an absent one reads as 128
+    out.update(head_dim=head_dim, attention_bias=cfg.qkv_bias, use_sliding_window=False,
+               sliding_window=None, max_window_layers=cfg.num_layers)
   else:
     out.update(head_dim=head_dim, attention_bias=cfg.qkv_bias, mlp_bias=cfg.mlp_bias,
                pretraining_tp=1)

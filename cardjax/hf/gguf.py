@@ -7,7 +7,8 @@ computes from the same bits. Three things differ from a HF folder and are undone
   cardjax/hf/weights.py already knows, so the rest of the loader is shared;
 - the rotary layout: llama.cpp's converter permutes the rows of a *llama* model's Q and K
   projections (per head, [2, d/2] -> [d/2, 2]) so that its rope rotates adjacent pairs; HF
-  rotates halves. `unpermute` is the inverse. Qwen2 files are written unpermuted;
+  rotates halves. `unpermute` is the inverse. Qwen2 and Qwen3 files are written unpermuted
+  (Qwen3's per-head q/k norm weights, `attn_q_norm`/`attn_k_norm`, too);
 - the tokenizer: the vocabulary, merges, token types and chat template live in the metadata;
   `write_tokenizer` rebuilds a `tokenizer.json` whose pre-tokenizer follows the file's
   `tokenizer.ggml.pre` (SmolLM2's splits every digit, as its original tokenizer does).
@@ -27,7 +28,7 @@ from cardjax.errors import CheckpointError
 log = logging.getLogger("cardjax.hf")
 
 MAGIC = b"GGUF"
-ARCHITECTURES = ("llama", "qwen2")
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
 # Tensor types read (each tested on files written with gguf's writer).
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K",
                    "Q6_K")
@@ -42,11 +43,16 @@ LAYER_NAMES = {
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
     "attn_output.bias": "self_attn.o_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+# Qwen3's per-head q/k norm weights: in another architecture's file they belong to no
+# decoder cardjax implements (the config would not build them).
+QK_NORM_NAMES = ("attn_q_norm.weight", "attn_k_norm.weight")
 TOP_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -124,7 +130,8 @@ def check_file(f: GGUFFile) -> None:
   arch = f.architecture
   if arch not in ARCHITECTURES:
     raise CheckpointError(f"{f.path}: general.architecture={arch!r} is not implemented; "
-                          f"cardjax's decoder reads {ARCHITECTURES} (Llama and Qwen2 family)")
+                          f"cardjax's decoder reads {ARCHITECTURES} (Llama, Qwen2 and Qwen3 "
+                          "families)")
   bad = sorted({(f.type_name(n), n) for n in f.tensors if f.type_name(n) not in
                 SUPPORTED_TYPES})
   if bad:
@@ -137,7 +144,8 @@ def check_file(f: GGUFFile) -> None:
     raise CheckpointError(f"{f.path}: per-frequency rope factors (rope_freqs.weight, Llama "
                           "3.1-style scaling) are not read from GGUF yet; import the HF folder "
                           "with import-hf")
-  unknown = [n for n in f.tensors if gguf_to_hf_name(n) is None]
+  unknown = [n for n in f.tensors if gguf_to_hf_name(n) is None
+             or (arch != "qwen3" and n.endswith(QK_NORM_NAMES))]
   if unknown:
     raise CheckpointError(f"{f.path}: tensors {unknown[:4]} are not part of a {arch} decoder "
                           "that cardjax implements")
@@ -191,10 +199,13 @@ def hf_config(f: GGUFFile) -> dict:
   elif scaling != "none":
     raise CheckpointError(f"{f.path}: rope.scaling.type={scaling!r} is not implemented "
                           "(cardjax reads none and linear from GGUF)")
-  if arch == "llama":
+  if arch in ("llama", "qwen3"):
     values["attention_bias"] = "blk.0.attn_q.bias" in f.tensors
   elif "blk.0.attn_q.bias" not in f.tensors:
     raise CheckpointError(f"{f.path}: a qwen2 model has Q/K/V biases, and this file has none")
+  if arch == "qwen3" and "blk.0.attn_q_norm.weight" not in f.tensors:
+    raise CheckpointError(f"{f.path}: a qwen3 model has per-head Q/K norms "
+                          "(blk.N.attn_q_norm.weight), and this file has none")
   for ours, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                     ("pad_token_id", "padding_token_id")):
     value = f.get(f"tokenizer.ggml.{key}", None)

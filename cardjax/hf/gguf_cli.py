@@ -9,7 +9,7 @@ from cardjax.hf.import_cli import add_written_checkpoint_arguments
 
 
 def add_arguments(p) -> None:
-  p.add_argument("gguf_file", help="a .gguf file, local or gs:// / s3:// (llama or qwen2; "
+  p.add_argument("gguf_file", help="a .gguf file, local or gs:// / s3:// (llama, qwen2 or qwen3; "
                                    "F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q6_K tensors)")
   add_written_checkpoint_arguments(p)
   p.add_argument("--mask-token", default="",

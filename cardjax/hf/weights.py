@@ -21,6 +21,8 @@ LAYER_PARAMS = (
     ("attn.k_bias", "self_attn.k_proj.bias", "flat"),
     ("attn.v_bias", "self_attn.v_proj.bias", "flat"),
     ("attn.out_bias", "self_attn.o_proj.bias", "copy"),
+    ("attn.q_norm", "self_attn.q_norm.weight", "copy"),
+    ("attn.k_norm", "self_attn.k_norm.weight", "copy"),
     ("mlp_norm.scale", "post_attention_layernorm.weight", "copy"),
     ("mlp.gate", "mlp.gate_proj.weight", "in"),
     ("mlp.up", "mlp.up_proj.weight", "in"),

@@ -1,4 +1,5 @@
-"""Multi-head attention with grouped kv heads, rotary positions and optional biases."""
+"""Multi-head attention with grouped kv heads, rotary positions, optional biases and
+optional per-head q/k RMSNorm (Qwen3)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from cardjax.attention import select
 from cardjax.model import lora as lora_lib
 from cardjax.model.cache import write_slots
 from cardjax.model.config import ModelConfig
-from cardjax.model.layers import param
+from cardjax.model.layers import param, rms_norm
 from cardjax.model.rope import apply_rope, inverse_frequencies
 from cardjax.parallel.sharding import constrain
 
@@ -27,6 +28,10 @@ class Attention(nnx.Module):
     self.k = param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), pd, scale=s)
     self.v = param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), pd, scale=s)
     self.o = param(rngs, (h, hd, d), ("heads", "head_dim", "embed"), pd, scale=s)
+    self.qk_norm, self.eps = cfg.qk_norm, cfg.rms_norm_eps
+    if cfg.qk_norm:  # Qwen3: one [head_dim] scale each for q and k, shared by every head
+      self.q_norm = param(rngs, (hd,), ("head_dim",), pd, "ones")
+      self.k_norm = param(rngs, (hd,), ("head_dim",), pd, "ones")
     self.qkv_bias, self.o_bias = cfg.qkv_bias, cfg.o_bias
     if cfg.qkv_bias:
       self.q_bias = param(rngs, (h, hd), ("heads", "head_dim"), pd, "zeros")
@@ -56,6 +61,9 @@ class Attention(nnx.Module):
       q = q + self.q_bias[...].astype(dt)
       k = k + self.k_bias[...].astype(dt)
       v = v + self.v_bias[...].astype(dt)
+    if self.qk_norm:  # per head, over head_dim, before rope (as Qwen3 does)
+      q = rms_norm(q, self.q_norm[...], self.eps)
+      k = rms_norm(k, self.k_norm[...], self.eps)
     positions = meta[0]
     q = constrain(apply_rope(q, positions, self.inv_freq),
                   ("act_batch", "act_seq", "act_heads", None))

@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from cardjax.errors import ConfigError
 
-MODEL_TYPES = ("qwen2", "llama")
+MODEL_TYPES = ("qwen2", "llama", "qwen3")
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -17,10 +17,11 @@ ATTENTION_IMPLS = ("auto", "xla", "splash", "pallas_gpu", "cudnn")
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """A decoder of the Qwen2 / Qwen2.5 / Llama family.
+  """A decoder of the Qwen2 / Qwen2.5 / Qwen3 / Llama family.
 
-  `qkv_bias`/`o_bias` cover both families: Qwen2 has biases on q, k, v only; Llama's
-  `attention_bias` puts them on all four projections.
+  `qkv_bias`/`o_bias` cover the families: Qwen2 has biases on q, k, v only; Llama's and
+  Qwen3's `attention_bias` puts them on all four projections. `qk_norm` is Qwen3's RMSNorm
+  of each q and k head (one [head_dim] weight each for q and k, shared by the heads).
   """
 
   model_type: str = "qwen2"
@@ -42,6 +43,7 @@ class ModelConfig:
   qkv_bias: bool = True
   o_bias: bool = False
   mlp_bias: bool = False
+  qk_norm: bool = False  # RMSNorm per q/k head before rope (Qwen3)
   tie_word_embeddings: bool = True
   bos_token_id: int = -1  # -1 = none
   eos_token_id: int = -1
@@ -74,6 +76,9 @@ class ModelConfig:
       bad("hidden_size", f"is not divisible by num_heads={self.num_heads}; set model.head_dim")
     if self.resolved_head_dim % 2:
       bad("head_dim", "must be even for rotary embeddings")
+    if self.model_type == "qwen3" and not self.qk_norm:
+      bad("qk_norm", "model_type qwen3 normalises every q and k head (q_norm/k_norm); set "
+          "model.qk_norm=true")
     if self.num_heads % self.num_kv_heads:
       bad("num_kv_heads", f"must divide num_heads={self.num_heads} (grouped-query attention)")
     if self.rms_norm_eps <= 0:

@@ -25,16 +25,21 @@ def param(rngs: nnx.Rngs | None, shape, axes, dtype, init: str = "normal", scale
   return nnx.Param(value, logical_axes=tuple(axes))
 
 
+def rms_norm(x, scale, eps: float):
+  """RMSNorm over the last axis: normalise in float32, then scale in x's dtype (as the HF
+  reference does)."""
+  xf = x.astype(jnp.float32)
+  xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+  return scale.astype(x.dtype) * xf.astype(x.dtype)
+
+
 class RMSNorm(nnx.Module):
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     self.eps = cfg.rms_norm_eps
     self.scale = param(rngs, (cfg.hidden_size,), ("embed",), jnp.dtype(cfg.param_dtype), "ones")
 
   def __call__(self, x):
-    # Normalise in float32, then scale in the compute dtype (as the HF reference does).
-    xf = x.astype(jnp.float32)
-    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
-    return self.scale[...].astype(x.dtype) * xf.astype(x.dtype)
+    return rms_norm(x, self.scale[...], self.eps)
 
 
 class MLP(nnx.Module):
