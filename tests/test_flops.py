@@ -1,7 +1,10 @@
-"""Peak FLOPs by device kind: every kind jax reports for the chips the recipes name."""
+"""Peak FLOPs by device kind: every kind jax reports for the chips the recipes name; LoRA's
+step count."""
 
 import pytest
 
+from cardjax.model import ModelConfig
+from cardjax.train import flops
 from cardjax.train.flops import peak_flops_for_kind
 
 
@@ -26,3 +29,12 @@ def test_peak_flops_match_each_kind(kind, peak):
 @pytest.mark.parametrize("kind", ["cpu", "Some Future Chip"])
 def test_unknown_kinds_report_no_peak(kind):
   assert peak_flops_for_kind(kind) is None
+
+
+def test_a_lora_step_counts_no_weight_gradients():
+  """LoRA's frozen base: 4 FLOPs per matmul parameter per token instead of 6; attention
+  (no weights) is the same."""
+  cfg = ModelConfig()
+  full = flops.train_flops_per_row(cfg, 64, 1000.0)
+  lora = flops.train_flops_per_row(cfg, 64, 1000.0, frozen_base=True)
+  assert full - lora == 2.0 * flops.matmul_params(cfg) * 64

@@ -55,7 +55,8 @@ def step_flops(config, cfg, objective) -> float:
   seq = config.data.seq_len
   row = {"tokens": np.full((1, seq), 5, np.int32), "positions": np.arange(seq)[None],
          "segment_ids": np.ones((1, seq), np.int32), "loss_mask": np.ones((1, seq), np.int32)}
-  return flops.train_flops_per_step(cfg, objective, row, config.data.batch_size)
+  return flops.train_flops_per_step(cfg, objective, row, config.data.batch_size,
+                                    frozen_base=config.train.lora.rank > 0)
 
 
 def compile_step(config, devices) -> Compiled:

@@ -110,7 +110,8 @@ class Job:
       # This host's rows (a global array is not fully addressable on a pod).
       local = {k: np.asarray(v.addressable_shards[0].data) for k, v in batch.items()}
       self.flops_per_step = flops.train_flops_per_step(self.cfg, self.objective, local,
-                                                       self.config.data.batch_size)
+                                                       self.config.data.batch_size,
+                                                       frozen_base=self.lora is not None)
     # The step function counts from 0: its corruption keys and its learning rate.
     self.params, self.opt_state, self.metrics = self.step_fn(
         self.params, self.opt_state, batch, jnp.int32(step - 1), self.frozen)
