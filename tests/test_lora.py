@@ -96,17 +96,22 @@ def test_lora_mars_trains_the_adapters_only(sft, tmp_path, capsys):
   assert size(saved / "params") < 0.5 * size(sft / "sft" / "checkpoints" / "80" / "params")
 
 
-def test_merged_export_equals_base_plus_adapters(sft, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def lora_run(sft):
+  """(run folder, train()'s result) of 10 LoRA MARS steps on q, v and down, alpha 16."""
+  config = _mars_lora(sft, "--config.train.steps=10", "--config.train.checkpoint_every=10",
+                      "--config.train.lora.targets=q,v,down", "--config.train.lora.alpha=16")
+  return sft / "lora_run", train(config, sft / "lora_run")
+
+
+def test_merged_export_equals_base_plus_adapters(sft, lora_run, tmp_path, capsys):
   """restore_model merges a LoRA checkpoint; export-hf writes that merge, and transformers'
   logits of the export equal the unmerged base + adapter logits within 1e-5."""
   import torch
   from transformers import AutoModelForCausalLM
 
-  config = _mars_lora(sft, "--config.train.steps=10", "--config.train.checkpoint_every=10",
-                      "--config.train.lora.targets=q,v,down", "--config.train.lora.alpha=16")
-  train(config, tmp_path / "run")
   base, _ = checkpoint.restore_model(sft / "sft" / "checkpoints")
-  ckpt = tmp_path / "run" / "checkpoints"
+  ckpt = lora_run[0] / "checkpoints"
   restored = checkpoint.checkpoint_adapters(ckpt)
   spec = LoraSpec(8, 16.0, ("q", "v", "down"))
   unmerged = adapters.attach(base, spec, adapters=restored)
@@ -123,12 +128,52 @@ def test_merged_export_equals_base_plus_adapters(sft, tmp_path, capsys):
   assert max_abs_diff(logits, want) < 1e-5
   # generate reads base + adapters; MARS at tau 1 is AR greedy on the merged model.
   capsys.readouterr()
-  args = ["generate", "--checkpoint", str(tmp_path / "run"), "--prompt", "3 + 4",
+  args = ["generate", "--checkpoint", str(lora_run[0]), "--prompt", "3 + 4",
           "--max-new-tokens", "8"]
   assert main(args) == 0
   ar = capsys.readouterr().out
   assert main(args + ["--method", "mars", "--tau", "1.0"]) == 0
   assert capsys.readouterr().out.split("\n")[1] == ar.split("\n")[1]
+
+
+def test_eval_and_serve_read_base_plus_adapters(sft, lora_run, tmp_path):
+  """`cardjax eval --task nll` on the LoRA run is the trainer's own validation (which ran
+  base + adapters unmerged); `cardjax serve` scores a prompt (echo, logprobs) with base +
+  adapters, not with the base alone."""
+  from serve_helpers import post, start_server
+
+  run, result = lora_run
+  out = tmp_path / "report.json"
+  assert main(["eval", "--checkpoint", str(run), "--task", "nll", "--out", str(out)]) == 0
+  metrics = json.loads(out.read_text())["runs"][0]["metrics"]
+  assert metrics["ar_nll"] == pytest.approx(result["eval"]["ar_nll"], abs=1e-5)
+  assert metrics["loss"] == pytest.approx(result["eval"]["loss"], abs=1e-5)
+
+  base, _ = checkpoint.restore_model(sft / "sft" / "checkpoints")
+  unmerged = adapters.attach(base, LoraSpec(8, 16.0, ("q", "v", "down")),
+                             adapters=checkpoint.checkpoint_adapters(run / "checkpoints"))
+  tok = checkpoint.load_tokenizer(run / "checkpoints", base.cfg)
+  prompt = "12 + 30 = 42 and 7 * 6 = 42"
+  ids = tok.encode(prompt)
+
+  def scores(model):  # log-probability of each prompt token after the first
+    logits = np.asarray(model(jnp.asarray([ids], jnp.int32))[0], np.float64)
+    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1,
+                                                                             keepdims=True))
+    logp -= logits.max(-1, keepdims=True)
+    return np.array([logp[k, ids[k + 1]] for k in range(len(ids) - 1)])
+
+  proc, url = start_server(run, "--batch-sizes", "1", "--chunk", "1", "--max-tokens", "6")
+  try:
+    status, answer, _ = post(url, {"model": run.name, "prompt": prompt, "max_tokens": 0,
+                                   "echo": True, "logprobs": 0})
+  finally:
+    proc.kill()
+    proc.wait()
+  assert status == 200, answer
+  served = np.array(answer["choices"][0]["logprobs"]["token_logprobs"][1:], np.float64)
+  assert np.abs(served - scores(unmerged)).max() < 1e-4
+  assert np.abs(served - scores(base)).max() > 1e-3  # the adapters were applied
 
 
 def test_resume_restores_the_adapters(sft, tmp_path):
