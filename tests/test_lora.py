@@ -56,12 +56,33 @@ def _pure(tree):
   return jax.tree.map(np.asarray, tree)
 
 
+def _sft_params(sft):
+  """The SFT checkpoint's weights as numpy: what a LoRA run's frozen base must stay."""
+  model, _ = checkpoint.restore_model(sft / "sft" / "checkpoints")
+  return _pure(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+
+
+def _assert_only_adapters_train(job, sft_params):
+  """The frozen tree is the SFT weights bit for bit; the trained params and AdamW's
+  moments (mu and nu) are the adapters only."""
+  jax.tree.map(np.testing.assert_array_equal, _pure(job.frozen), sft_params)
+  assert all("lora" in str(p) for p, _ in jax.tree_util.tree_flatten_with_path(job.params)[0])
+  moments = [x for x in jax.tree.leaves(job.opt_state) if x.ndim]
+  assert sum(x.size for x in moments) == 2 * count(job.params)
+
+
+def _base_and_unmerged(sft, run):
+  """(the SFT base, base + the adapters of `run` unmerged) for lora_run's spec."""
+  base, _ = checkpoint.restore_model(sft / "sft" / "checkpoints")
+  restored = checkpoint.checkpoint_adapters(run / "checkpoints")
+  return base, adapters.attach(base, LoraSpec(8, 16.0, ("q", "v", "down")), adapters=restored)
+
+
 def test_lora_mars_trains_the_adapters_only(sft, tmp_path, capsys):
   """Rank-8 LoRA MARS from the SFT checkpoint: the noisy-stream loss falls, the base stays
   bit-identical, and the optimizer holds the adapters only (printed and counted)."""
   config = _mars_lora(sft, "--config.train.steps=40", "--config.train.checkpoint_every=40")
-  sft_model, _ = checkpoint.restore_model(sft / "sft" / "checkpoints")
-  sft_params = _pure(nnx.to_pure_dict(nnx.state(sft_model, nnx.Param)))
+  sft_params = _sft_params(sft)
   mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
   with jax.set_mesh(mesh):
     job = loop.setup(config, tmp_path / "run", mesh)
@@ -70,7 +91,7 @@ def test_lora_mars_trains_the_adapters_only(sft, tmp_path, capsys):
     loop._loop(job, loop.ProfileWindow(None, tmp_path / "p", job.start))
   # The frozen tree is the SFT model's weights, bit for bit, before and after training.
   jax.tree.map(np.testing.assert_array_equal, base_before, sft_params)
-  jax.tree.map(np.testing.assert_array_equal, _pure(job.frozen), sft_params)
+  _assert_only_adapters_train(job, sft_params)
   assert max(max_abs_diff(a, b) for a, b in zip(jax.tree.leaves(adapters_before),
                                                 jax.tree.leaves(_pure(job.params)))) > 0
   # Trainable = the adapters: rank 8 on q, k, v, o, gate, up, down of 2 layers.
@@ -79,9 +100,6 @@ def test_lora_mars_trains_the_adapters_only(sft, tmp_path, capsys):
   per_layer = sum(8 * (i + o) for i, o in [(d, h * hd), (d, kv * hd), (d, kv * hd),
                                            (h * hd, d), (d, f), (d, f), (f, d)])
   assert count(job.params) == 2 * per_layer
-  assert all("lora" in str(p) for p, _ in jax.tree_util.tree_flatten_with_path(job.params)[0])
-  moments = [x for x in jax.tree.leaves(job.opt_state) if x.ndim]  # AdamW's mu and nu
-  assert sum(x.size for x in moments) == 2 * count(job.params)
   total = count(job.params) + count(sft_params)
   assert f"trainable parameters: {count(job.params):,} of {total:,}" in capsys.readouterr().out
   # The noisy stream learns: the mean of the last two logged intervals is well below the
@@ -106,20 +124,15 @@ def test_every_objective_trains_adapters_over_a_frozen_base(sft, objective, tmp_
   config = _config(sft, "tiny_sft", f"--config.objective.name={objective}",
                    f"--config.train.init_from={sft / 'sft' / 'checkpoints'}", *LORA,
                    "--config.train.steps=30", "--config.train.checkpoint_every=0",
-                   "--config.train.lr=3e-3",
-                   "--config.train.eval_steps=2")
-  sft_params = _pure(nnx.to_pure_dict(nnx.state(
-      checkpoint.restore_model(sft / "sft" / "checkpoints")[0], nnx.Param)))
+                   "--config.train.lr=3e-3", "--config.train.eval_steps=2")
+  sft_params = _sft_params(sft)
   mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
   with jax.set_mesh(mesh):
     job = loop.setup(config, tmp_path / "run", mesh)
     before = validation.evaluate(job.eval_fn, job.params, job.eval_batches, job.mesh,
                                  job.frozen)["loss"]
     after = loop._loop(job, loop.ProfileWindow(None, tmp_path / "p", job.start))["eval"]["loss"]
-  jax.tree.map(np.testing.assert_array_equal, _pure(job.frozen), sft_params)
-  assert all("lora" in str(p) for p, _ in jax.tree_util.tree_flatten_with_path(job.params)[0])
-  moments = [x for x in jax.tree.leaves(job.opt_state) if x.ndim]
-  assert sum(x.size for x in moments) == 2 * count(job.params)
+  _assert_only_adapters_train(job, sft_params)
   assert after < before, (before, after)
 
 
@@ -137,11 +150,8 @@ def test_merged_export_equals_base_plus_adapters(sft, lora_run, tmp_path, capsys
   import torch
   from transformers import AutoModelForCausalLM
 
-  base, _ = checkpoint.restore_model(sft / "sft" / "checkpoints")
+  base, unmerged = _base_and_unmerged(sft, lora_run[0])
   ckpt = lora_run[0] / "checkpoints"
-  restored = checkpoint.checkpoint_adapters(ckpt)
-  spec = LoraSpec(8, 16.0, ("q", "v", "down"))
-  unmerged = adapters.attach(base, spec, adapters=restored)
   merged, step = checkpoint.restore_model(ckpt)
   assert step == 10 and merged.lora is None
   tokens = random_tokens(merged.cfg.vocab_size, 2, 24)
@@ -176,19 +186,16 @@ def test_eval_and_serve_read_base_plus_adapters(sft, lora_run, tmp_path):
   assert metrics["ar_nll"] == pytest.approx(result["eval"]["ar_nll"], abs=1e-5)
   assert metrics["loss"] == pytest.approx(result["eval"]["loss"], abs=1e-5)
 
-  base, _ = checkpoint.restore_model(sft / "sft" / "checkpoints")
-  unmerged = adapters.attach(base, LoraSpec(8, 16.0, ("q", "v", "down")),
-                             adapters=checkpoint.checkpoint_adapters(run / "checkpoints"))
+  base, unmerged = _base_and_unmerged(sft, run)
   tok = checkpoint.load_tokenizer(run / "checkpoints", base.cfg)
   prompt = "12 + 30 = 42 and 7 * 6 = 42"
   ids = tok.encode(prompt)
 
   def scores(model):  # log-probability of each prompt token after the first
     logits = np.asarray(model(jnp.asarray([ids], jnp.int32))[0], np.float64)
-    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1,
-                                                                             keepdims=True))
-    logp -= logits.max(-1, keepdims=True)
-    return np.array([logp[k, ids[k + 1]] for k in range(len(ids) - 1)])
+    shifted = logits - logits.max(-1, keepdims=True)
+    logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    return logp[np.arange(len(ids) - 1), ids[1:]]
 
   proc, url = start_server(run, "--batch-sizes", "1", "--chunk", "1", "--max-tokens", "6")
   try:
