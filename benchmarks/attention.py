@@ -88,7 +88,7 @@ def kernel_tables(report, lengths) -> None:
     report(f"| {name} | " + " | ".join(cells) + " |")
 
 
-def error_table(report, length: int, interpret: bool) -> float:
+def error_table(report, length: int, interpret: bool, patterns=PATTERNS) -> float:
   """Max |kernel - reference| of output and gradients per pattern; returns the worst."""
   import jax
   import jax.numpy as jnp
@@ -102,7 +102,7 @@ def error_table(report, length: int, interpret: bool) -> float:
          "2 kv heads, d=64; loss weights 0 on rows with no visible key\n")
   report("| pattern | output | dq | dk | dv |\n|---|---|---|---|---|")
   worst = 0.0
-  for name, spec, kind, docs in PATTERNS:
+  for name, spec, kind, docs in patterns:
     meta = batched_meta(kind, length, docs)
     t = meta[0].shape[1]
     keys = jax.random.split(jax.random.key(0), 4)
@@ -146,7 +146,10 @@ def visible_pairs(spec, meta) -> int:
 
 
 def gpu_timings(report, lengths, heads: int, kv_heads: int, head_dim: int, tokens: int,
-                budget_s: float) -> None:
+                budget_s: float, patterns=GPU_PATTERNS, on_row=None, smoke: bool = False) -> None:
+  """The timing table; on_row(dict) gets each row's figures. smoke: the same table on a CPU
+  at toy sizes (the kernel in interpret mode at 16 x 16 tiles, XLA's attention in place of
+  cuDNN), so the code that writes it is exercised where there is no GPU."""
   import jax
   import jax.numpy as jnp
 
@@ -159,7 +162,9 @@ def gpu_timings(report, lengths, heads: int, kv_heads: int, head_dim: int, token
          "ms (useful TFLOP/s)\n")
   report("| pattern | L | T | pass | kernel | cuDNN + mask | cuDNN causal | "
          "speedup vs masked | share of causal TFLOP/s |\n|---|---|---|---|---|---|---|---|---|")
-  for name, spec, kind, docs in GPU_PATTERNS:
+  impl = "xla" if smoke else "cudnn"
+  tile = 16 if smoke else None
+  for name, spec, kind, docs in patterns:
     for length in lengths:
       if time.perf_counter() - start > budget_s:
         report(f"(stopped: --budget-s {budget_s:.0f} s spent; rows after this were not run)")
@@ -178,11 +183,12 @@ def gpu_timings(report, lengths, heads: int, kv_heads: int, head_dim: int, token
 
       # Metadata and mask are arguments, not constants baked into the programs (the mask
       # is up to 1 GiB, and the kernel's table pre-pass must be timed, not folded).
-      fns = {"kernel": (lambda q, k, v, m: pg.pallas_gpu_attention(q, k, v, spec, m, m), meta),
+      fns = {"kernel": (lambda q, k, v, m: pg.pallas_gpu_attention(
+                 q, k, v, spec, m, m, interpret=smoke, block_q=tile, block_k=tile), meta),
              "masked": (lambda q, k, v, m: jax.nn.dot_product_attention(
-                 q, k, v, mask=m, implementation="cudnn"), mask),
+                 q, k, v, mask=m, implementation=impl), mask),
              "causal": (lambda q, k, v, m: jax.nn.dot_product_attention(
-                 q, k, v, is_causal=True, implementation="cudnn"), None)}
+                 q, k, v, is_causal=True, implementation=impl), None)}
       for label, flops_per_pair in (("fwd", 4), ("fwd+bwd", 14)):
         cells = {}
         for key, (fn, aux) in fns.items():
@@ -205,6 +211,14 @@ def gpu_timings(report, lengths, heads: int, kv_heads: int, head_dim: int, token
                             for x in ("kernel", "masked", "causal"))
                + f" | {cells['masked'] / cells['kernel']:.2f}x"
                + f" | {100 * tf['kernel'] / tf['causal']:.0f}% |")
+        if on_row:
+          on_row({"pattern": name, "length": length, "tokens": t, "batch": batch,
+                  "pass": label, "kernel_ms": 1e3 * cells["kernel"],
+                  "cudnn_masked_ms": 1e3 * cells["masked"],
+                  "cudnn_causal_ms": 1e3 * cells["causal"], "kernel_tflops": tf["kernel"],
+                  "cudnn_masked_tflops": tf["masked"], "cudnn_causal_tflops": tf["causal"],
+                  "speedup_vs_masked": cells["masked"] / cells["kernel"],
+                  "share_of_causal": tf["kernel"] / tf["causal"]})
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Copy what `python -m benchmarks.decode --no-train` reads from a bench workdir, and nothing
 else.
 
-  python -m benchmarks.pack_runs runs/bench_decode runs/bench_pack
+  python -m benchmarks.pack_runs runs/bench_decode runs/bench_pack [--runs sft,mars]
 
 For each run (every training seed's): its latest step's params, model config and run
 config (no optimizer state, no data iterator), and its tokenizer in checkpoints/hf_assets;
@@ -52,7 +52,11 @@ def main() -> None:
   parser = arg_parser(__spec__, __doc__)
   parser.add_argument("workdir", type=Path, help="a benchmarks.decode workdir")
   parser.add_argument("out", type=Path)
+  parser.add_argument("--runs", default="",
+                      help="only these seed-0 runs (e.g. sft,mars: what the GPU call's arith "
+                           "rows read); default every run of every seed")
   args = parser.parse_args()
+  only = [n for n in args.runs.split(",") if n]
   inputs = args.workdir / "inputs.json"
   if not inputs.is_file():
     raise SystemExit(f"{inputs} is missing: run python -m benchmarks.decode on "
@@ -61,8 +65,12 @@ def main() -> None:
   shutil.copy2(inputs, args.out / "inputs.json")
   # Seed 0's runs in runs/NAME, other training seeds' in runs/seedS/NAME (common.run_dir).
   runs_dir = args.workdir / "runs"
-  for run in sorted(p for p in [*runs_dir.iterdir(), *runs_dir.glob("seed*/*")]
-                    if (p / "checkpoints").is_dir()):
+  found = [runs_dir / n for n in only] if only else [*runs_dir.iterdir(),
+                                                     *runs_dir.glob("seed*/*")]
+  missing = [str(p) for p in found if only and not (p / "checkpoints").is_dir()]
+  if missing:
+    raise SystemExit(f"--runs: no trained run at {', '.join(missing)}")
+  for run in sorted(p for p in found if (p / "checkpoints").is_dir()):
     name = run.relative_to(runs_dir)
     step = pack_run(run, args.out / "runs" / name)
     print(f"packed {name} step {step}")

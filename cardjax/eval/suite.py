@@ -71,9 +71,12 @@ def code_inputs(ar: LoadedRun, n: int, prompt_len: int) -> dict:
 
 def arith_rows(sft: LoadedRun, mars: LoadedRun, inputs: dict, batches: Sequence[int],
                taus: Sequence[float], block: int, cache_block: int, max_new_tokens: int,
-               log=print, repeats: int = 1, min_seconds: float = 0.0) -> list[dict]:
+               log=print, repeats: int = 1, min_seconds: float = 0.0,
+               full_window: bool = True, on_row=None) -> list[dict]:
   """AR (SFT model), MARS sweeps and self-verified MARS on arith problems (arith_inputs:
-  kept as plain ids, so a saved set runs where the dataset is not built)."""
+  kept as plain ids, so a saved set runs where the dataset is not built). full_window=False
+  leaves out the 2B-window rows (the same tokens as the default window, only slower);
+  on_row(row) sees each row as soon as it is measured."""
   tok = sft.tokenizer
   prompts, answers = inputs["prompts"], inputs["answers"]
   base_opt = Options(max_new_tokens=max_new_tokens, stop_ids=tok.stop_ids, pad_id=tok.pad_id,
@@ -83,11 +86,16 @@ def arith_rows(sft: LoadedRun, mars: LoadedRun, inputs: dict, batches: Sequence[
   def timed(decode, batch_, base_decode=None):
     return _timed(decode, prompts, batch_, base_decode, repeats, min_seconds)
 
-  def add(timing, model_name, method, setting, base):
+  def add(timing, model_name, method, setting, base, same_as=None):
+    """same_as: the AR run whose tokens this row must equal (the invariants)."""
     run_ = _run(timing)
     em = measure.exact_match(run_.rows, answers, tok)
     rows.append(_row("arith", model_name, method, setting, timing, base, exact_match=em))
+    if same_as is not None:
+      rows[-1]["equals_ar"] = run_.rows == same_as.rows
     log(format_row(rows[-1]))
+    if on_row:
+      on_row(rows[-1])
     return run_
 
   for batch in batches:
@@ -98,39 +106,43 @@ def arith_rows(sft: LoadedRun, mars: LoadedRun, inputs: dict, batches: Sequence[
     for tau in taus:
       opt = dataclasses.replace(base_opt, tau=tau)
       # The pending-sized window (the default) and the 2B-wide one: the same tokens.
-      settings = [(opt, f"tau={tau} window"),
-                  (dataclasses.replace(opt, window="full"), f"tau={tau} window 2B")]
+      settings = [(opt, f"tau={tau} window")]
+      if full_window:
+        settings.append((dataclasses.replace(opt, window="full"), f"tau={tau} window 2B"))
       if cache_block:
         settings.append((dataclasses.replace(opt, cache_block=cache_block),
                          f"tau={tau} cache{cache_block}"))
       for opt_, setting in settings:
-        got = add(timed(make_decoder("mars", mars.frozen, mars.objective, opt_), batch,
-                        ar_decode), "mars", "mars", setting, ar)
-        if tau == 1.0:  # the invariant: MARS at tau = 1 is AR greedy
-          rows[-1]["equals_ar"] = got.rows == mars_ar.rows
-    verified = add(timed(make_decoder(
+        # the invariant: MARS at tau = 1 is AR greedy
+        add(timed(make_decoder("mars", mars.frozen, mars.objective, opt_), batch,
+                  ar_decode), "mars", "mars", setting, ar, mars_ar if tau == 1.0 else None)
+    add(timed(make_decoder(
         "mars", mars.frozen, mars.objective, dataclasses.replace(base_opt, verify=True)),
-        batch, ar_decode), "mars", "mars --verify", f"B={block}", ar)
-    rows[-1]["equals_ar"] = verified.rows == mars_ar.rows
+        batch, ar_decode), "mars", "mars --verify", f"B={block}", ar, mars_ar)
   return rows
 
 
 def code_rows(ar: LoadedRun, cards: dict, mdlms: dict | None, inputs: dict,
               batches: Sequence[int], taus: Sequence[float], block: int, max_new_tokens: int,
-              log=print, repeats: int = 1, min_seconds: float = 0.0) -> list[dict]:
+              log=print, repeats: int = 1, min_seconds: float = 0.0,
+              on_row=None) -> list[dict]:
   """AR, CARD (each of `cards`: name -> run) and MDLM (each of `mdlms`: name -> run)
-  continuations of code prompts (code_inputs)."""
+  continuations of code prompts (code_inputs); on_row(row) sees each row as it comes."""
   tok = ar.tokenizer
   prompts = inputs["prompts"]
   # No stop ids: every method writes max_new_tokens, so forwards follow the schedule.
   base_opt = Options(max_new_tokens=max_new_tokens, pad_id=tok.pad_id, block=block)
   rows = []
 
-  def add(timing, model_name, method, setting, base):
+  def add(timing, model_name, method, setting, base, same_as=None):
     run_ = _run(timing)
     nll = measure.judge_nll(ar.model, prompts, run_.rows)
     rows.append(_row("code", model_name, method, setting, timing, base, judge_nll=nll))
+    if same_as is not None:
+      rows[-1]["equals_ar"] = run_.rows == same_as.rows
     log(format_row(rows[-1]))
+    if on_row:
+      on_row(rows[-1])
     return run_
 
   def go(run: LoadedRun, method, opt, batch):
@@ -143,9 +155,8 @@ def code_rows(ar: LoadedRun, cards: dict, mdlms: dict | None, inputs: dict,
                "kv cache", None)
     for name, card in cards.items():
       card_ar = add(go(card, "ar", base_opt, batch), name, "ar", "kv cache", base)
-      ltr = add(go(card, "card", dataclasses.replace(base_opt, planner="left_to_right"), batch),
-                name, "card", f"left_to_right B={block}", base)
-      rows[-1]["equals_ar"] = ltr.rows == card_ar.rows  # the invariant: AR order is AR
+      add(go(card, "card", dataclasses.replace(base_opt, planner="left_to_right"), batch),
+          name, "card", f"left_to_right B={block}", base, card_ar)  # AR order is AR
       for tau in taus:
         add(go(card, "card", dataclasses.replace(base_opt, tau=tau), batch), name, "card",
             f"confidence tau={tau} B={block}", base)
