@@ -123,3 +123,17 @@ def test_remote_binding_needs_an_api_key(tmp_path, capsys, monkeypatch):
   assert "needs --api-key" in capsys.readouterr().err
   assert main(["serve", "--checkpoint", str(tmp_path), "--max-queue", "-1"]) == 2
   assert "--max-queue=-1 must be >= 0" in capsys.readouterr().err
+
+
+def test_prompt_plus_max_tokens_over_the_context_gets_400_naming_both(server):
+  status, answer, _ = post(server, body(max_tokens=10**9))
+  error = answer["error"]
+  assert status == 400 and error["code"] == "context_length_exceeded"
+  assert error["param"] == "max_tokens"
+  message = error["message"]
+  prompt = int(message.split("the prompt has ")[1].split()[0])
+  holds = int(message.split("more than the ")[1].split()[0])
+  fits = int(message.split("at most ")[1].split()[0])
+  assert "max_tokens is 1000000000" in message and fits == holds - prompt > 0
+  status, answer, _ = post(server, body(max_tokens=fits + 1))
+  assert status == 400 and f"at most {fits} " in answer["error"]["message"]

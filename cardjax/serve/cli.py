@@ -95,14 +95,40 @@ def add_arguments(p) -> None:
   p.add_argument("--warmup-width", type=int, default=0,
                  help="before serving, compile the default method for every batch size and "
                       "prompt width up to this many tokens (0: compile on first use)")
+  p.add_argument("--compilation-cache", default=default_compilation_cache(),
+                 help="keep compiled programs in this folder, so a restart on this machine "
+                      "loads them instead of compiling again (default: "
+                      "$JAX_COMPILATION_CACHE_DIR, else ~/.cache/cardjax/xla); '' turns it off")
   p.add_argument("--max-tokens", type=int, default=64,
-                 help="a request's max_tokens when it sends none")
+                 help="a request's max_tokens when it sends none (less where the prompt "
+                      "leaves less room in the context)")
   p.add_argument("--target-latency-ms", type=float, default=0.0,
                  help="mars: lower the server's tau (down to --tau-min) while requests "
                       "queue and latency exceeds this; raise it (up to --tau-max) when idle")
   p.add_argument("--tau-min", type=float, default=0.5)
   p.add_argument("--tau-max", type=float, default=0.95)
   p.add_argument("--log-level", default="warning", help="uvicorn's log level")
+
+
+def default_compilation_cache() -> str:
+  """$JAX_COMPILATION_CACHE_DIR (the variable jax itself reads), else the user's cache
+  folder ($XDG_CACHE_HOME or ~/.cache) /cardjax/xla."""
+  if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    return os.environ["JAX_COMPILATION_CACHE_DIR"]
+  root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(root, "cardjax", "xla")
+
+
+def use_compilation_cache(path: str) -> None:
+  """Before the first compile. A served model's programs are many and small (each batch
+  size, prompt width and cache span), so every one is kept, not only the slow ones."""
+  import jax
+
+  if not path:
+    return
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def run(args) -> None:
@@ -124,6 +150,7 @@ def run(args) -> None:
                          "$CARDJAX_API_KEY): without one anyone who reaches the port could "
                          "use the server")
   check_admit_wait(args.admit_wait)  # before the model loads
+  use_compilation_cache(args.compilation_cache)
   bounds = limits.Limits(args.max_body_bytes, args.max_queue, args.api_key)
   sizes = parse_sizes(args.batch_sizes)
   tau = TauControl(args.tau, args.target_latency_ms, args.tau_min, args.tau_max)
@@ -145,7 +172,9 @@ def run(args) -> None:
         f"method {d.method}" + (f" B={d.block}" if d.method != "ar" else "") +
         f", batch sizes {engine.batch_sizes}, chunk {engine.chunk}, "
         + (f"{engine.slots} slots a row" if engine.continuous(d) else "chunked") + "; "
-        f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+        + (f"compiled programs kept in {args.compilation_cache}; " if args.compilation_cache
+           else "")
+        + f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
   # uvicorn's SIGTERM / Ctrl-C: stop accepting, finish in-flight requests, then exit.
   uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
               timeout_graceful_shutdown=None)

@@ -1,0 +1,53 @@
+"""`cardjax serve` keeps its compiled programs in a persistent cache by default, so a
+restart on the same machine loads its warm-up instead of compiling it again."""
+
+import os
+
+from serve_helpers import mars_run, post, start_server
+
+from cardjax.serve.cli import default_compilation_cache
+
+
+def entries(folder) -> set[str]:
+  return {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+
+
+def serve_once(run, cache, request: bool = False):
+  """Start a server (its warm-up runs before it answers /health), optionally answer one
+  request, stop it; returns its output."""
+  proc, url = start_server(run, "--batch-sizes", "1", "--chunk", "2", "--slots", "64",
+                           "--warmup-width", "16", "--compilation-cache", str(cache))
+  try:
+    if request:
+      status, _, _ = post(url, {"model": "run", "prompt": "alpha beta", "max_tokens": 3})
+      assert status == 200
+  finally:
+    proc.kill()
+    output = proc.stdout.read()
+    proc.wait()
+  return output
+
+
+def test_a_restart_compiles_nothing_new_in_its_warm_up(tmp_path):
+  run = mars_run(tmp_path, context=64)
+  cache = tmp_path / "xla"
+  output = serve_once(run, cache)
+  assert f"compiled programs kept in {cache}" in output
+  first = entries(cache)
+  assert first, "the warm-up left no programs in the cache"
+  serve_once(run, cache)
+  assert entries(cache) == first  # every program of the second warm-up came from the cache
+
+
+def test_the_cache_can_be_turned_off(tmp_path):
+  run = mars_run(tmp_path, context=64)
+  output = serve_once(run, "", request=True)
+  assert "compiled programs kept" not in output
+
+
+def test_the_default_follows_jax_then_the_user_cache(monkeypatch, tmp_path):
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax"))
+  assert default_compilation_cache() == str(tmp_path / "jax")
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+  assert default_compilation_cache() == os.path.join(tmp_path, "xdg", "cardjax", "xla")
