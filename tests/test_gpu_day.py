@@ -123,3 +123,22 @@ def test_budget_stops_new_rows_with_a_note(tmp_path):
   section.finish()
   data = json.loads((tmp_path / "s.json").read_text())
   assert data["status"] == "budget" and "budget" in data["notes"][0]
+
+
+def test_the_committed_pack_loads_and_decodes(tmp_path):
+  """results/bench_pack is what the GPU call decodes when no pack is carried: it must load
+  with today's code and still solve the problems it solved."""
+  out = tmp_path / "decode.json"
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)
+  done = subprocess.run([sys.executable, "-m", "benchmarks.decode_device", "--smoke",
+                         "--pack", str(ROOT / "results" / "bench_pack"), "--n-arith", "4",
+                         "--max-new-arith", "96", "--json", str(out)],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+  data = json.loads(out.read_text())
+  assert data["status"] == "complete" and data["sizes"]["runs"] == ["sft", "mars"]
+  sft = next(r for r in data["rows"] if r["model"] == "sft")
+  assert sft["exact_match"] >= 0.75  # 93.8% on 64 problems when it was packed
+  assert all(r["equals_ar"] for r in data["rows"] if "equals_ar" in r)
+  assert "no ar and card runs" in data["notes"][0]
