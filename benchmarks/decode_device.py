@@ -10,8 +10,9 @@ as AR against its MARS fine-tune at tau 1 / 0.95 / 0.9, each with the pending-si
 and with the block-level cache, and self-verified MARS; exact match on the test problems
 (the first 64 of the 128 the CPU benchmark reads). code (when the pack has the ar and card
 runs, and time remains): AR against CARD blocks (confidence planner over tau, left to
-right), DUS, EB and CB; NLL of the continuation under the AR model. Every row is timed paired with AR, round by round, at the same batch
-(cardjax/eval/measure.py): `speedup` is the median of the rounds' ratios, with their range.
+right), DUS, EB and CB; NLL of the continuation under the AR model. Every row is timed
+paired with AR, round by round, at the same batch (cardjax/eval/measure.py): `speedup` is
+the median of the rounds' ratios, with their range.
 `ms_per_forward` is a pass's time over its batched forwards (the loop's overhead included).
 """
 
