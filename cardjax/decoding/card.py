@@ -23,8 +23,10 @@ METHODS.md runs to extend the cache is merged into the next block's first forwar
 block costs exactly its number of rounds (DUS: log2 B forwards for B a power of 2, never
 log2 B + 1). The price: the first forward of a block reads 2B tokens instead of B + 1
 (the same cost on an accelerator for small B, weight- and cache-bound); later ones read
-B; the last block needs no extension at all. The two window widths are two branches of
-one `lax.cond`, so the whole decode stays one jit with static shapes.
+B; the last block needs no extension at all. Each block's first forward is followed by an
+inner while loop of its later ones, so the two window widths never meet in a `lax.cond`
+(whose branches XLA gave copies of the whole cache) and the decode stays one jit with
+static shapes.
 
 Batches of left-padded prompts fill each block in lockstep: a row whose block is full
 waits unchanged until every row's is (MARS's "rows that finish early wait"), so all rows
@@ -86,43 +88,47 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
   def cond(c: _Carry):
     return (c.blk < blocks) & ~jnp.all(c.done)
 
-  def body(c: _Carry):
-    start = lengths[:, None] + c.blk * size + slot  # positions of the block's slots
-
-    def opening(cache):  # [previous block | block]: writes the previous block for good
-      has_pending = c.blk > 0
-      window = jnp.concatenate([c.pending, c.block], axis=1)
-      pos = jnp.concatenate([jnp.where(has_pending, start - size, 0), start], axis=1)
-      seg = jnp.concatenate([ones * has_pending.astype(jnp.int32), ones], axis=1)
-      cache = dataclasses.replace(cache, index=width + c.blk * size)
-      logits, cache = model.forward_cached(window, cache, positions=pos, segment_ids=seg)
-      slot_logits = logits[:, size - 1:2 * size - 1]
-      slot_logits = slot_logits.at[:, 0].set(
-          jnp.where(has_pending, slot_logits[:, 0], c.first))
-      return slot_logits, cache
-
-    def later(cache):  # the block alone, as scratch where the block lives
-      cache = dataclasses.replace(cache, index=width + (c.blk + 1) * size)
-      logits, cache = model.forward_cached(c.block, cache, positions=start, segment_ids=ones)
-      slot_logits = jnp.concatenate([c.first[:, None].astype(logits.dtype),
-                                     logits[:, :size - 1]], axis=1)
-      return slot_logits, cache
-
-    slot_logits, cache = jax.lax.cond(c.rnd == 0, opening, later, c.cache)
+  def planned(c: _Carry, slot_logits, cache) -> _Carry:
+    """One round's reveal from its slot distributions."""
     guess, show = planners.plan_step(planner, slot_logits, c.masked, c.rnd, knobs,
                                      c.rnd >= steps - 1)
-    block = jnp.where(show, guess, c.block)
-    masked = c.masked & ~show
+    return c._replace(cache=cache, rnd=c.rnd + 1, first=slot_logits[:, 0],
+                      block=jnp.where(show, guess, c.block), masked=c.masked & ~show,
+                      forwards=c.forwards + 1)
+
+  def opening(c: _Carry) -> _Carry:  # [previous block | block]: writes it for good
+    start = lengths[:, None] + c.blk * size + slot  # positions of the block's slots
+    has_pending = c.blk > 0
+    window = jnp.concatenate([c.pending, c.block], axis=1)
+    pos = jnp.concatenate([jnp.where(has_pending, start - size, 0), start], axis=1)
+    seg = jnp.concatenate([ones * has_pending.astype(jnp.int32), ones], axis=1)
+    cache = dataclasses.replace(c.cache, index=width + c.blk * size)
+    logits, cache = model.forward_cached(window, cache, positions=pos, segment_ids=seg)
+    slot_logits = logits[:, size - 1:2 * size - 1]
+    slot_logits = slot_logits.at[:, 0].set(jnp.where(has_pending, slot_logits[:, 0], c.first))
+    return planned(c, slot_logits, cache)
+
+  def later(c: _Carry) -> _Carry:  # the block alone, as scratch where the block lives
+    start = lengths[:, None] + c.blk * size + slot
+    cache = dataclasses.replace(c.cache, index=width + (c.blk + 1) * size)
+    logits, cache = model.forward_cached(c.block, cache, positions=start, segment_ids=ones)
+    slot_logits = jnp.concatenate([c.first[:, None].astype(logits.dtype),
+                                   logits[:, :size - 1]], axis=1)
+    return planned(c, slot_logits, cache)
+
+  def body(c: _Carry) -> _Carry:
+    # The block's first forward, then its later ones in a loop of their own: no `cond`
+    # between the two widths, whose branches each held copies of the whole KV cache in
+    # XLA's program (benchmarks/decode_overhead.py measured CARD's loop the costliest).
+    c = jax.lax.while_loop(lambda c: jnp.any(c.masked), later, opening(c))
     kept = todo(c.blk, c.done)
-    out = jax.lax.dynamic_update_slice(c.out, jnp.where(kept, block, pad_id),
+    out = jax.lax.dynamic_update_slice(c.out, jnp.where(kept, c.block, pad_id),
                                        (0, c.blk * size))
-    full = ~jnp.any(masked)  # the whole batch moves to the next block together
-    done = c.done | (full & jnp.any(jnp.isin(block, stop_ids) & kept, axis=1))
-    blk = c.blk + full.astype(jnp.int32)
-    return _Carry(cache, blk, jnp.where(full, 0, c.rnd + 1),
-                  jnp.where(full, block, c.pending), slot_logits[:, 0],
-                  jnp.where(full, mask_id, block),
-                  jnp.where(full, todo(blk, done), masked), out, done, c.forwards + 1)
+    done = c.done | jnp.any(jnp.isin(c.block, stop_ids) & kept, axis=1)
+    blk = c.blk + 1  # the whole batch moves to the next block together
+    return c._replace(blk=blk, rnd=jnp.int32(0), pending=c.block,
+                      block=jnp.full((b, size), mask_id, jnp.int32), masked=todo(blk, done),
+                      out=out, done=done)
 
   done = jnp.zeros((b,), bool)
   carry = _Carry(cache, jnp.int32(0), jnp.int32(0), jnp.full((b, size), pad_id, jnp.int32),
