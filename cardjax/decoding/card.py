@@ -81,6 +81,8 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
   first_logits = logits[:, -1]  # predicts slot 0 of block 0
   slot = jnp.arange(size)[None]
   ones = jnp.ones((b, size), jnp.int32)
+  opening_at = jnp.broadcast_to(jnp.arange(size - 1, 2 * size - 1), (b, size))
+  later_at = jnp.broadcast_to(jnp.arange(size - 1), (b, size - 1))
 
   def todo(blk, done):
     return (blk * size + slot < max_new_tokens) & ~done[:, None]
@@ -103,17 +105,19 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
     pos = jnp.concatenate([jnp.where(has_pending, start - size, 0), start], axis=1)
     seg = jnp.concatenate([ones * has_pending.astype(jnp.int32), ones], axis=1)
     cache = dataclasses.replace(c.cache, index=width + c.blk * size)
-    logits, cache = model.forward_cached(window, cache, positions=pos, segment_ids=seg)
-    slot_logits = logits[:, size - 1:2 * size - 1]
+    # The LM head only where a slot's distribution is read: the outputs at the last
+    # pending token and the block's first B - 1 slots, B of the window's 2B.
+    slot_logits, cache = model.forward_cached(window, cache, positions=pos, segment_ids=seg,
+                                              logits_at=opening_at)
     slot_logits = slot_logits.at[:, 0].set(jnp.where(has_pending, slot_logits[:, 0], c.first))
     return planned(c, slot_logits, cache)
 
   def later(c: _Carry) -> _Carry:  # the block alone, as scratch where the block lives
     start = lengths[:, None] + c.blk * size + slot
     cache = dataclasses.replace(c.cache, index=width + (c.blk + 1) * size)
-    logits, cache = model.forward_cached(c.block, cache, positions=start, segment_ids=ones)
-    slot_logits = jnp.concatenate([c.first[:, None].astype(logits.dtype),
-                                   logits[:, :size - 1]], axis=1)
+    logits, cache = model.forward_cached(c.block, cache, positions=start, segment_ids=ones,
+                                         logits_at=later_at)  # the last slot's is unread
+    slot_logits = jnp.concatenate([c.first[:, None].astype(logits.dtype), logits], axis=1)
     return planned(c, slot_logits, cache)
 
   def body(c: _Carry) -> _Carry:
