@@ -201,5 +201,7 @@ def test_compile_steps_covers_every_tier_and_span_a_pool_steps_at():
   got, seen = drive(pool, [0, 4, 4, 8])
   assert pool._step._cache_size() == 6 and len(seen) > 1
   assert len(pool._prefills) == 4 and pool._prefill._cache_size() == 0  # none run by jit
+  # Freeing a row is one compiled program per (tier, span), compiled by the warm-up too.
+  assert pool._release._cache_size() == 6
   with pytest.raises(CardjaxError, match="span_min"):
     SlotPool(tiny_model(), "ar", slots=48, span_min=-1)

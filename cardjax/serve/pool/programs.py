@@ -91,6 +91,14 @@ def put_rows(cache: KVCache, rows: Rows, new: KVCache, row_ids, last, length, ta
   return cache, rows
 
 
+def release_row(cache: KVCache, rows: Rows, row):
+  """Row `row` freed: not live, its write index back to 0 (a free row rewrites its first
+  window, so its old length does not hold the span up). One compiled call per (tier, span),
+  which the warm-up compiles, rather than eager updates that compiled in the request path."""
+  return (dataclasses.replace(cache, index=cache.index.at[row].set(0)),
+          dataclasses.replace(rows, live=rows.live.at[row].set(False)))
+
+
 def gather(cache: KVCache, rows: Rows, order, *, span: int):
   """The cache and row state of rows `order` (-1: an empty row) in that order, the cache
   cut or padded (empty slots) to `span` slots."""

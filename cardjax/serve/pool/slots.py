@@ -140,6 +140,7 @@ class SlotPool:
     self.prefixes = prefixes or PrefixStore(self.model, prefix_page)
     self._put = jax.jit(programs.put_rows, donate_argnums=(0, 1))
     self._gather = jax.jit(programs.gather, static_argnames="span")  # a new shape: no donation
+    self._release = jax.jit(programs.release_row, donate_argnums=(0, 1))
     self._step = jax.jit(functools.partial(programs.step, g), donate_argnums=(1, 2),
                          static_argnames=("forwards", "method", "block", "rule", "limit"))
     self.owner: list = []  # per row: the caller's key, None when free
@@ -225,7 +226,8 @@ class SlotPool:
         if log:
           log(f"step batch {tier}, span {span}")
         cache, rows = self._empty(tier, span)
-        self._call_step(cache, rows, forwards)
+        cache, rows, *_ = self._call_step(cache, rows, forwards)
+        self._release(cache, rows, np.int32(0))  # freeing a row: compiled here too
         n += 1
     return n
 
@@ -360,10 +362,7 @@ class SlotPool:
     when the live rows fit one."""
     row = self.owner.index(key)
     self.owner[row] = None
-    # Index 0: a free row rewrites its first window, so its old length does not hold the
-    # span up.
-    self.rows = dataclasses.replace(self.rows, live=self.rows.live.at[row].set(False))
-    self.cache = dataclasses.replace(self.cache, index=self.cache.index.at[row].set(0))
+    self.cache, self.rows = self._release(self.cache, self.rows, np.int32(row))
     self.index[row], self.live[row] = 0, False
     live = self.live_rows()
     smaller = next(b for b in self.batch_sizes if b >= max(live, 1))
