@@ -160,9 +160,14 @@ def test_tau_and_sampling_are_runtime_values(model):
   mars.generate(model, PROMPTS, 10, block=3, tau=0.2, mask_id=63)
   compiled = mars._generate._cache_size()
   mars.generate(model, PROMPTS, 10, block=3, tau=0.8, mask_id=63)
+  assert mars._generate._cache_size() == compiled
+  # Greedy decoding is its own program (no sampling cond or draws in its loop); sampling
+  # is one more, whatever its temperature, top_p, seed and tau.
   mars.generate(model, PROMPTS, 10, block=3, tau=0.5, mask_id=63, temperature=0.7,
                 top_p=0.9, seed=4)
-  assert mars._generate._cache_size() == compiled
+  mars.generate(model, PROMPTS, 10, block=3, tau=0.3, mask_id=63, temperature=1.3,
+                top_p=0.5, seed=5)
+  assert mars._generate._cache_size() == compiled + 1
 
 
 def test_sampling(model):

@@ -22,8 +22,11 @@ from cardjax.model.cache import KVCache
 
 
 def sample_tokens(logits, rng, temperature, top_p):
-  """Greedy when temperature == 0; else a draw from the top-p nucleus at temperature
-  (sampling.py: no vocabulary sort). One temperature and top_p for every row."""
+  """Greedy when temperature == 0 (None: statically, no random numbers drawn); else a draw
+  from the top-p nucleus at temperature (sampling.py: no vocabulary sort). One temperature
+  and top_p for every row."""
+  if temperature is None:
+    return sampling.sample(logits, None, None, top_p)
   u = jax.random.uniform(rng, logits.shape[:-1])
   return sampling.sample(logits, u, temperature, top_p)
 
@@ -54,7 +57,9 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
     pos = (lengths + step - 1)[:, None]
     logits, cache = model.forward_cached(last, cache, positions=pos,
                                          segment_ids=jnp.ones_like(last))
-    rng, key = jax.random.split(rng)
+    key = None
+    if temperature is not None:  # the greedy program (temperature None) draws nothing
+      rng, key = jax.random.split(rng)
     token = jnp.where(done, pad_id, sample_tokens(logits[:, -1], key, temperature, top_p))
     out = out.at[:, step].set(token)
     count = count + (~done).astype(jnp.int32)
@@ -72,7 +77,7 @@ def generate(model, prompts, max_new_tokens: int, stop_ids=(), pad_id: int = 0,
   """Decode a batch of token-id prompts (lists of ints) with the KV cache; the prompts are
   left-padded to a multiple of `bucket` (default prompts.BUCKET)."""
   return decode(_generate, model, prompts, max_new_tokens, stop_ids, pad_id,
-                np.float32(temperature), np.float32(top_p), jax.random.key(seed),
+                sampling.greedy_only(temperature), np.float32(top_p), jax.random.key(seed),
                 bucket=bucket, max_new_tokens=max_new_tokens)
 
 

@@ -94,6 +94,8 @@ def pick_tokens(greedy, logits, key, temperature, top_p):
   """`greedy` (the caller's argmax) at temperature 0, else a sample per slot from
   softmax(logits / temperature) within the top-p nucleus. A lax.cond: greedy decoding
   skips the vocab sort and stays exactly the greedy decoder."""
+  if temperature is None:  # sampling.greedy_only: the greedy program
+    return greedy
   return jax.lax.cond(temperature > 0, lambda: sample_tokens(logits, key, temperature, top_p),
                       lambda: greedy)
 
@@ -197,8 +199,10 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
       cache = dataclasses.replace(cache, index=start + jnp.where(done, 0, n_pending))
       if len(widths) > 1:  # see the module docstring: stale scratch must not stay visible
         cache = cache.forget_scratch(2 * block)
-      rng, key = jax.random.split(rng)
-      u = jax.random.uniform(key, slot_logits.shape[:-1])
+      u = None
+      if temperature is not None:  # None: the greedy program draws nothing
+        rng, key = jax.random.split(rng)
+        u = jax.random.uniform(key, slot_logits.shape[:-1])
       guess, k = judge_window(slot_logits, tau, rule, temperature, top_p, u)
       # Stop at the first stop token and at the token budget.
       is_stop = jnp.isin(guess, stop_ids) & (slot[None] < k[:, None])
@@ -248,7 +252,8 @@ def generate(model, prompts, max_new_tokens: int, block: int, tau: float, mask_i
   check_args(tau, block, mask_id, rule, temperature, top_p)
   pending_widths(block, window)
   return decode(_generate, model, prompts, max_new_tokens + block, stop_ids, pad_id,
-                np.int32(mask_id), np.float32(tau), np.float32(temperature), np.float32(top_p),
+                np.int32(mask_id), np.float32(tau), sampling.greedy_only(temperature),
+                np.float32(top_p),
                 jax.random.key(seed), bucket=bucket, block=block, max_new_tokens=max_new_tokens,
                 rule=rule, window=window)
 

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from cardjax.decoding import sampling
 from cardjax.decoding.mars import accept_count, check_args, pick_tokens
 from cardjax.decoding.frozen import decode_loop
 from cardjax.decoding.prompts import Generation, decode
@@ -141,7 +142,7 @@ def generate(model, prompts, max_new_tokens: int, block: int, cache_block: int, 
   accept_span(block, cache_block, accept)
   room = cache_block * -(-max_new_tokens // cache_block)
   return decode(_generate, model, prompts, room, stop_ids, pad_id, np.int32(mask_id),
-                np.float32(tau), np.float32(temperature), np.float32(top_p),
+                np.float32(tau), sampling.greedy_only(temperature), np.float32(top_p),
                 jax.random.key(seed), bucket=bucket, block=block, cache_block=cache_block,
                 max_new_tokens=max_new_tokens, rule=rule, accept=accept)
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 TOP_K = 64  # candidates read by lax.top_k before falling back to the bisection
@@ -102,13 +103,23 @@ def _sample(logits, u, temperature, top_p):
   return jnp.where(narrow, token, wide)
 
 
+def greedy_only(temperature: float):
+  """What a one-shot decoder passes for `temperature`: None at 0, so its program is the
+  greedy one with no sampling `cond` or random numbers in its loop (on an accelerator each
+  cond's predicate is a trip to the host per forward); the float otherwise. A separate
+  compiled program from the sampling one, which takes any temperature > 0 at run time."""
+  return None if temperature == 0 else np.float32(temperature)
+
+
 def sample(logits, u, temperature, top_p):
   """Tokens for logits [..., vocab]: the argmax where temperature is 0, else a nucleus
   draw with the uniform number u in [0, 1). u, temperature and top_p have the leading
-  shape of logits (or broadcast to it)."""
+  shape of logits (or broadcast to it); temperature None: the argmax, statically."""
   lead = logits.shape[:-1]
   flat = logits.reshape(-1, logits.shape[-1])
   greedy = jnp.argmax(flat, axis=-1).astype(jnp.int32)
+  if temperature is None:  # greedy_only(): no cond, no draw in the program at all
+    return greedy.reshape(lead)
   t = jnp.broadcast_to(jnp.asarray(temperature, jnp.float32), lead).reshape(-1)
   p = jnp.broadcast_to(jnp.asarray(top_p, jnp.float32), lead).reshape(-1)
   u = jnp.broadcast_to(jnp.asarray(u, jnp.float32), lead).reshape(-1)
