@@ -6,8 +6,8 @@ MARS, CARD blocks and DUS, on the device, from a bench pack trained on a CPU.
 
 The pack is what `make bench-pack` writes (benchmarks/pack_runs.py: the decode benchmark's
 runs, params only, with their tokenizers and the prompt sets as ids). arith: the SFT model
-as AR against its MARS fine-tune at tau 1 / 0.95 / 0.9, each with the pending-sized window
-and with the block-level cache, and self-verified MARS; exact match on the test problems
+as AR against its MARS fine-tune at tau 1 / 0.95 / 0.9, each with the pending-sized window,
+the 2B window and the block-level cache, and self-verified MARS; exact match on the test problems
 (the first 64 of the 128 the CPU benchmark reads). code (when the pack has the ar and card
 runs, and time remains): AR against CARD blocks (confidence planner over tau, left to
 right), DUS, EB and CB; NLL of the continuation under the AR model. Every row is timed
@@ -30,7 +30,7 @@ COLUMNS = [("task", "task", ""), ("model", "model", ""), ("method", "method", ""
            ("speedup_cell", "speedup vs AR", ""), ("quality", "quality", ""),
            ("equals_ar", "= AR tokens", "")]
 PACKS = ("runs/bench_pack", "results/bench_pack")
-SMOKE = {"batches": "2", "taus": "1.0,0.9", "card_taus": "0.9", "code_batches": "2",
+SMOKE = {"no_full_window": True, "batches": "2", "taus": "1.0,0.9", "card_taus": "0.9", "code_batches": "2",
          "n_arith": 4, "n_code": 2, "repeats": 1, "min_seconds": 0.0, "max_new_arith": 8,
          "max_new_code": 8}
 
@@ -89,6 +89,10 @@ def main() -> None:
   parser.add_argument("--n-code", type=int, default=32)
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--min-seconds", type=float, default=0.2)
+  parser.add_argument("--no-full-window", action="store_true",
+                      help="leave out MARS's 2B-window rows (on an accelerator a forward "
+                           "costs about the same at any width, and the pending-sized window "
+                           "pays a loop per width: the rows say which wins there)")
   parser.add_argument("--max-new-arith", type=int, default=96)
   parser.add_argument("--max-new-code", type=int, default=64)
   parser.add_argument("--budget-s", type=float, default=0.0,
@@ -136,7 +140,7 @@ def main() -> None:
         suite.arith_rows(sft, mars, arith, [batch], sizes["taus"], block=4, cache_block=16,
                          max_new_tokens=args.max_new_arith, log=lambda _: None,
                          repeats=args.repeats, min_seconds=args.min_seconds,
-                         full_window=False, on_row=on_row)
+                         full_window=not args.no_full_window, on_row=on_row)
     else:
       section.note(f"the pack at {pack} has no sft and mars runs: no arith rows")
     if {"ar", "card"} <= set(names) and "code" in inputs:

@@ -8,7 +8,7 @@
 # Sections, in order, each its own process with its own time slot (a hang or a crash in one
 # leaves the others their time), each writing OUT/SECTION.json after every row and its
 # table to OUT/gpu_day.md as rows come (docs/development.md, "The prepared GPU call"):
-#   1. decode        AR vs MARS (tau 1/0.95/0.9, window and block cache), self-verified
+#   1. decode        AR vs MARS (tau 1/0.95/0.9; fit and 2B window, block cache), verified
 #                    MARS, then CARD blocks and DUS, at batch 1, 4, 16, from the bench pack
 #                    (benchmarks/decode_device.py; no training on the GPU)
 #   2. forward_cost  ms per cached forward by new tokens per row and batch, SmolLM2-135M and
