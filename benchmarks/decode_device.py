@@ -31,8 +31,8 @@ COLUMNS = [("task", "task", ""), ("model", "model", ""), ("method", "method", ""
            ("equals_ar", "= AR tokens", "")]
 PACKS = ("runs/bench_pack", "results/bench_pack")
 SMOKE = {"no_full_window": True, "batches": "2", "taus": "1.0,0.9", "card_taus": "0.9",
-         "code_batches": "2", "n_arith": 4, "n_code": 2, "repeats": 1, "min_seconds": 0.0, "max_new_arith": 8,
-         "max_new_code": 8}
+         "code_batches": "2", "n_arith": 4, "n_code": 2, "repeats": 1, "min_seconds": 0.0,
+         "max_new_arith": 8, "max_new_code": 8}
 
 
 def find_pack(given: str | None) -> Path:
