@@ -25,8 +25,6 @@ from __future__ import annotations
 import dataclasses
 import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -34,7 +32,6 @@ from cardjax import machine
 from cardjax.decoding import mars
 from cardjax.decoding.frozen import freeze
 from cardjax.model import ModelConfig, create_model
-from cardjax.model.cache import KVCache
 
 from benchmarks.common import arg_parser
 
@@ -47,31 +44,11 @@ MARS_PROMPTS, MARS_PROMPT_LEN, MARS_NEW = 8, 24, 64
 
 def forward_ms(graphdef, state, batch: int, tokens: int, slots: int, repeats: int = 3,
                forwards: int = LOOP) -> float:
-  """ms per cached forward of `tokens` new tokens: the best of `repeats` timings of a
-  jitted loop of `forwards` forwards."""
-  @jax.jit
-  def loop(state):
-    model = nnx.merge(graphdef, state)
-    cache = KVCache.create(model.cfg, batch, slots)
-    pos = jnp.broadcast_to(40 + jnp.arange(tokens), (batch, tokens))
-    seg = jnp.ones((batch, tokens), jnp.int32)
+  """ms per cached forward of `tokens` new tokens after 40 cached: the best of `repeats`
+  timings of a jitted loop of `forwards` forwards (benchmarks/forward_cost.py's loop)."""
+  from benchmarks.forward_cost import forward_ms as loop_ms
 
-    def body(i, carry):
-      cache, acc = carry
-      cache = dataclasses.replace(cache, index=jnp.int32(40))  # same slots every time
-      tok = jnp.full((batch, tokens), 7, jnp.int32) + i % 3
-      logits, cache = model.forward_cached(tok, cache, positions=pos, segment_ids=seg)
-      return cache, acc + logits[:, -1, 0].sum()
-
-    return jax.lax.fori_loop(0, forwards, body, (cache, jnp.float32(0)))[1]
-
-  loop(state).block_until_ready()
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    loop(state).block_until_ready()
-    best = min(best, time.perf_counter() - start)
-  return best / forwards * 1e3
+  return loop_ms(graphdef, state, batch, tokens, slots, 40, forwards, repeats)
 
 
 def mars_decode(model, prompts, batch: int, block: int, window: str, tau: float):

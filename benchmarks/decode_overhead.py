@@ -72,7 +72,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from benchmarks.common import announce, arg_parser
+from benchmarks.common import announce, arg_parser, best_seconds
 
 PROMPTS, PROMPT_LEN = 16, 24
 MARS_B, CARD_B, CACHE_BLOCK = 4, 8, 16
@@ -197,13 +197,7 @@ def full_forward_ms(graphdef, state, batch: int, width: int, forwards: int,
 
     return jax.lax.fori_loop(0, forwards, body, jnp.float32(0))
 
-  loop(state).block_until_ready()
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    loop(state).block_until_ready()
-    best = min(best, time.perf_counter() - start)
-  return best / forwards * 1e3
+  return best_seconds(lambda: loop(state), repeats) / forwards * 1e3
 
 
 class Bench:

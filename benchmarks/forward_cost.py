@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from benchmarks.common import arg_parser
+from benchmarks.common import arg_parser, best_seconds
 
 COLUMNS = [("model", "model", ""), ("batch", "batch", "d"), ("tokens", "new tokens / row", "d"),
            ("ms", "ms / forward", ".3f"), ("vs_one_token", "x one token", ".2f"),
@@ -37,9 +37,8 @@ def model_shape(name: str, dtype: str):
 
 def forward_ms(graphdef, state, batch: int, tokens: int, slots: int, context: int,
                forwards: int, repeats: int) -> float:
-  """ms per cached forward: the best of `repeats` timings of a jitted loop of `forwards`."""
-  import time
-
+  """ms per cached forward: the best of `repeats` timings of a jitted loop of `forwards`
+  (benchmarks/decode_forward.py and decode_overhead.py price their forwards with it)."""
   import jax
   import jax.numpy as jnp
   from flax import nnx
@@ -62,13 +61,7 @@ def forward_ms(graphdef, state, batch: int, tokens: int, slots: int, context: in
 
     return jax.lax.fori_loop(0, forwards, body, (cache, jnp.float32(0)))[1]
 
-  loop(state).block_until_ready()
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    loop(state).block_until_ready()
-    best = min(best, time.perf_counter() - start)
-  return best / forwards * 1e3
+  return best_seconds(lambda: loop(state), repeats) / forwards * 1e3
 
 
 def main() -> None:
