@@ -59,6 +59,21 @@ def run_config(run_dir: str | Path):
   return merge_into_base(raw) if raw is not None else None
 
 
+def cast_params(model, dtype: str):
+  """`model` with its parameters stored in `dtype` (its config says so too)."""
+  import dataclasses
+
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  params = jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), params)
+  model = nnx.merge(graphdef, params, rest)
+  model.cfg = dataclasses.replace(model.cfg, param_dtype=dtype)
+  return model
+
+
 def run_objective(run_dir: str | Path, objective: str = "") -> str | None:
   """The objective load_run records for `run_dir`: `objective` when given, else its run
   config's (None for an import), read without the weights."""
@@ -69,12 +84,13 @@ def run_objective(run_dir: str | Path, objective: str = "") -> str | None:
 
 
 def load_run(run_dir: str | Path, mesh=None, tokenizer: str = "", objective: str = "",
-             method: str = "") -> LoadedRun:
+             method: str = "", dtype: str = "") -> LoadedRun:
   """The latest checkpoint of `run_dir` with its config, tokenizer and objective.
   `tokenizer` (a HF folder) replaces the checkpoint's own; `objective` overrides the
   training objective the run config records (an import records none), which decides the
   decoding methods that fit; `method`, when given, is checked against it before the weights
-  are read, so a method the checkpoint cannot serve fails at once."""
+  are read, so a method the checkpoint cannot serve fails at once. `dtype` (e.g. bfloat16):
+  compute in it and store the weights in it, half the bytes a decoding forward reads."""
   from cardjax import checkpoint
 
   root = checkpoints_dir(run_dir)
@@ -83,6 +99,8 @@ def load_run(run_dir: str | Path, mesh=None, tokenizer: str = "", objective: str
   if method:
     from cardjax.decoding.methods import check_method
     check_method(method, name, where=str(root))
-  model, step = checkpoint.restore_model(root, mesh=mesh)
+  model, step = checkpoint.restore_model(root, mesh=mesh, **({"dtype": dtype} if dtype else {}))
+  if dtype:
+    model = cast_params(model, dtype)
   tok = checkpoint.load_tokenizer(root, model.cfg, tokenizer or None)
   return LoadedRun(model, config, tok, name, step, root)

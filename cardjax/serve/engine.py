@@ -104,12 +104,14 @@ class Engine:
 
   @classmethod
   def load(cls, checkpoint: str, tokenizer: str = "", objective: str = "", name: str = "",
-           mesh=None, **kwargs) -> "Engine":
+           mesh=None, dtype: str = "", **kwargs) -> "Engine":
     """Restore as `cardjax generate` does (cardjax.restore.load_run): the run's objective
-    decides the methods; the model's name is the run folder's."""
+    decides the methods; the model's name is the run folder's. `dtype`: serve in it
+    (weights and compute; "" as saved)."""
     from cardjax.restore import load_run
 
-    run = load_run(checkpoint, mesh=mesh, tokenizer=tokenizer, objective=objective)
+    run = load_run(checkpoint, mesh=mesh, tokenizer=tokenizer, objective=objective,
+                   dtype=dtype)
     root = run.root
     name = name or (root.parent.name if root.name == "checkpoints" else root.name)
     return cls(run.model, run.tokenizer, run.objective, run.run_config, name, mesh=mesh,
