@@ -2,7 +2,7 @@
 /metrics (Prometheus) and /health.
 
 Handlers run on the event loop; decoding runs on the scheduler's thread, which hands each
-job's events back through the loop (call_soon_threadsafe) into a queue per request.
+job's events back through the loop (serve/handoff.py: once a round) into a queue per request.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from cardjax.serve.metrics import Metrics
 from cardjax.serve.protocol import APIError
 from cardjax.serve.scheduler import Job, Scheduler
 from cardjax.serve.tau import TauControl
+from cardjax.serve.handoff import Handoff
 from cardjax.serve.text import TextStream
 
 # A non-streamed request checks this often whether its client is still there.
@@ -34,6 +35,8 @@ def create_app(engine: Engine, tau: TauControl | None = None,
   limits = limits or Limits()
   metrics = Metrics()
   scheduler = Scheduler(engine, metrics, tau or TauControl(engine.tau), admit_wait)
+  handoff = Handoff()
+  scheduler.handoffs.append(handoff.flush)
 
   @contextlib.asynccontextmanager
   async def lifespan(app):
@@ -89,11 +92,8 @@ def create_app(engine: Engine, tau: TauControl | None = None,
     events: asyncio.Queue = asyncio.Queue()
     jobs = []
     for i, prompt in enumerate(parsed.prompts):
-      def sink(event, i=i):
-        try:
-          loop.call_soon_threadsafe(events.put_nowait, (i, event))
-        except RuntimeError:  # the event loop has closed: nobody is listening any more
-          pass
+      def sink(event, i=i):  # on the decode thread: handed over with its round's events
+        handoff.put(loop, events, (i, event))
       jobs.append(Job(prompt, parsed.settings, parsed.max_tokens,
                       TextStream(engine.tokenizer, parsed.stop), sink))
     limits.check_queue(scheduler.waiting(), len(jobs))  # no await since: nothing slips in

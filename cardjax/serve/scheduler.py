@@ -103,6 +103,9 @@ class Scheduler:
     self._fresh = random.Random(int.from_bytes(os.urandom(8), "little"))
     self._served: dict[tuple, int] = {}  # group -> the round it was last served
     self._round = 0
+    # Called once a round's events are out (serve/handoff.py): before the admission wait,
+    # so the clients that just got their answers can send the next request during it.
+    self.handoffs: list = []
     self.thread = threading.Thread(target=self._loop, name="cardjax-decode", daemon=True)
     metrics.tau.set(tau.tau)
 
@@ -170,6 +173,10 @@ class Scheduler:
       self.metrics.queue.set(waiting)
       return batch, waiting, continuous
 
+  def _hand_off(self) -> None:
+    for flush in self.handoffs:
+      flush()
+
   def _loop(self) -> None:
     while True:
       taken = self._take()
@@ -188,6 +195,8 @@ class Scheduler:
           batch = [j for j in batch if j.admitted]
         for job in batch:
           self._finish(job, {"type": "error", "message": f"decoding failed: {e}"}, "error")
+      finally:
+        self._hand_off()  # whatever the round sent, an error included
 
   def _step(self, jobs: list[Job], waiting: int) -> None:
     """One round of a SlotPool: admit the group's waiting requests into free rows, one
@@ -242,6 +251,7 @@ class Scheduler:
       self.running = 0
       self.metrics.running.set(0)
       self.metrics.queue.set(len(self.pool))
+    self._hand_off()
     clock = time.monotonic()
     self.metrics.thread_seconds.labels("deliver").inc(clock - now)
     if freed and pool.live_rows():
