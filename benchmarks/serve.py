@@ -117,6 +117,17 @@ def ask(url: str, model: str, question: str, max_tokens: int,
   return time.perf_counter() - start, answer["usage"]
 
 
+def run_clients(client, clients: int) -> float:
+  """Seconds for `clients` threads running client(k), k = 0.., all started together."""
+  threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+  start = time.perf_counter()
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  return time.perf_counter() - start
+
+
 def level(url: str, model: str, clients: int, requests: int, max_tokens: int,
           seed: int, sampling: str = "greedy") -> dict:
   rng = random.Random(seed)
@@ -136,13 +147,7 @@ def level(url: str, model: str, clients: int, requests: int, max_tokens: int,
         latencies.append(seconds)
         usages.append(usage)
         spans.append((sent, sent + seconds, usage["completion_tokens"]))
-  threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
-  start = time.perf_counter()
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join()
-  wall = time.perf_counter() - start
+  wall = run_clients(client, clients)
   tokens = sum(u["completion_tokens"] for u in usages)
   latencies.sort()
   steady = steady_rate(spans, max(firsts), min(lasts))

@@ -81,7 +81,7 @@ from pathlib import Path
 import portpicker
 
 from benchmarks.common import ROOT, announce, arg_parser
-from benchmarks.serve import model_name, server_use, steady_rate
+from benchmarks.serve import model_name, run_clients, server_use, steady_rate
 from cardjax.serve.metrics import scrape
 
 PROMPT_LEN = 24  # one prompt width bucket (32): every level prefills the same shape
@@ -240,14 +240,8 @@ def server_level(url: str, model: str, per_client: list[list[list[int]]],
       lasts[k] = sent + seconds
       with lock:
         spans.append((sent, sent + seconds, tokens))
-  threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
   before = scrape(url)
-  start = time.perf_counter()
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join()
-  wall = time.perf_counter() - start
+  wall = run_clients(client, clients)
   after = scrape(url)
   tokens = sum(n for _, _, n in spans)
   if len(spans) != sum(map(len, per_client)) or tokens != len(spans) * max_tokens:
