@@ -68,6 +68,7 @@ import math
 import os
 import random
 import re
+import shlex
 import shutil
 import statistics
 import string
@@ -156,7 +157,8 @@ class Server:
     cmd = [sys.executable, "-m", "cardjax.cli", "serve", "--checkpoint", str(run), "--port",
            str(port), "--method", method, "--model-name", "bench", "--batch-sizes",
            args.batch_sizes, "--chunk", str(args.chunk), "--slots", str(args.slots),
-           "--warmup-width", str(WIDTH), "--tau", str(TAU), "--compilation-cache", str(cache)]
+           "--warmup-width", str(WIDTH), "--tau", str(TAU), "--compilation-cache", str(cache),
+           *shlex.split(args.server_flags)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     # A test runner's simulated host devices would give the server a mesh, and a server
     # over a mesh decodes in chunks, not in a SlotPool.
@@ -355,6 +357,9 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--slots", type=int, default=None, help="default 256 (--quick 64)")
   parser.add_argument("--out", default="runs/serve_overhead",
                       help="the checkpoint and the compilation cache (emptied first)")
+  parser.add_argument("--server-flags", default="",
+                      help="more `cardjax serve` flags for the server side, e.g. "
+                           "'--admit-wait 0.5' (the bare loop does not read them)")
   parser.add_argument("--quick", action="store_true", help="a check, not a measurement")
   args = parser.parse_args(argv)
   preset = QUICK if args.quick else DEFAULT
