@@ -51,3 +51,21 @@ def test_the_default_follows_jax_then_the_user_cache(monkeypatch, tmp_path):
   monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
   assert default_compilation_cache() == os.path.join(tmp_path, "xdg", "cardjax", "xla")
+
+
+def test_metrics_count_the_compilations_after_start_up(tmp_path):
+  """/metrics' cardjax_compilations_total counts what compiles while requests wait (here,
+  with no warm-up and no cache, the first request's programs)."""
+  from serve_helpers import metric
+
+  proc, url = start_server(mars_run(tmp_path, context=64), "--batch-sizes", "1", "--chunk",
+                           "2", "--slots", "64", "--compilation-cache", "")
+  try:
+    assert metric(url, "cardjax_compilations_total") == 0
+    status, _, _ = post(url, {"model": "run", "prompt": "alpha beta", "max_tokens": 3})
+    assert status == 200
+    assert metric(url, "cardjax_compilations_total") > 0
+    assert metric(url, "cardjax_compile_seconds_total") > 0
+  finally:
+    proc.kill()
+    proc.wait()

@@ -34,6 +34,7 @@ def create_app(engine: Engine, tau: TauControl | None = None,
                admit_wait: float = 0.1, limits: Limits | None = None) -> FastAPI:
   limits = limits or Limits()
   metrics = Metrics()
+  metrics.watch_compilations()
   scheduler = Scheduler(engine, metrics, tau or TauControl(engine.tau), admit_wait)
   handoff = Handoff()
   scheduler.handoffs.append(handoff.flush)

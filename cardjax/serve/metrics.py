@@ -13,6 +13,9 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
 # Seconds: CPU decoding of small models spans milliseconds to minutes.
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300)
 WINDOW_S = 10.0  # tokens/s is measured over this many recent seconds
+# jax's event for one XLA compilation (jax._src.dispatch.BACKEND_COMPILE_EVENT in 0.10 and
+# 0.11); a program loaded from the persistent compilation cache does not raise it.
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 class Metrics:
@@ -53,8 +56,24 @@ class Metrics:
                                   "deliver (answers out), admit_wait (--admit-wait), chunk "
                                   "(a chunked call: prefill and decode together)", ["phase"],
                                   registry=r)
+    self.compilations = Counter("cardjax_compilations", "XLA compilations in the server "
+                                "process (not programs loaded from the compilation cache); "
+                                "after the warm-up, each one made requests wait", registry=r)
+    self.compile_seconds = Counter("cardjax_compile_seconds", "Seconds spent in those "
+                                   "compilations", registry=r)
     self._recent: collections.deque = collections.deque()
     self._lock = threading.Lock()
+
+  def watch_compilations(self) -> None:
+    """Count every XLA compilation of this process from now on (jax.monitoring)."""
+    import jax
+
+    def listener(event: str, seconds: float, **_) -> None:
+      if event == COMPILE_EVENT:
+        self.compilations.inc()
+        self.compile_seconds.inc(seconds)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
 
   def generated(self, tokens: int, row_forwards: int) -> None:
     """One decode chunk's tokens and row-forwards (rows x the chunk's forwards)."""
