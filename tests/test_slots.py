@@ -197,11 +197,13 @@ def test_compile_steps_covers_every_tier_and_span_a_pool_steps_at():
   pool = SlotPool(tiny_model(), "ar", slots=48, batch_sizes=(1, 2), span_min=8)
   assert pool.spans == [12, 24, 48]
   assert pool.compile_steps(3) == 6 == pool._step._cache_size()
+  # Freeing a row is one compiled program per (tier, span), compiled by the warm-up too.
+  # (jax keeps one cache per function for every pool: count what serving adds to it.)
+  released = pool._release._cache_size()
   assert pool.compile_prefills([16, 32]) == 4 == len(pool._prefills)
   got, seen = drive(pool, [0, 4, 4, 8])
   assert pool._step._cache_size() == 6 and len(seen) > 1
   assert len(pool._prefills) == 4 and pool._prefill._cache_size() == 0  # none run by jit
-  # Freeing a row is one compiled program per (tier, span), compiled by the warm-up too.
-  assert pool._release._cache_size() == 6
+  assert pool._release._cache_size() == released
   with pytest.raises(CardjaxError, match="span_min"):
     SlotPool(tiny_model(), "ar", slots=48, span_min=-1)
