@@ -59,21 +59,6 @@ def run_config(run_dir: str | Path):
   return merge_into_base(raw) if raw is not None else None
 
 
-def cast_params(model, dtype: str):
-  """`model` with its parameters stored in `dtype` (its config says so too)."""
-  import dataclasses
-
-  import jax
-  import jax.numpy as jnp
-  from flax import nnx
-
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  params = jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), params)
-  model = nnx.merge(graphdef, params, rest)
-  model.cfg = dataclasses.replace(model.cfg, param_dtype=dtype)
-  return model
-
-
 def run_objective(run_dir: str | Path, objective: str = "") -> str | None:
   """The objective load_run records for `run_dir`: `objective` when given, else its run
   config's (None for an import), read without the weights."""
@@ -101,6 +86,11 @@ def load_run(run_dir: str | Path, mesh=None, tokenizer: str = "", objective: str
     check_method(method, name, where=str(root))
   model, step = checkpoint.restore_model(root, mesh=mesh, **({"dtype": dtype} if dtype else {}))
   if dtype:
+    import dataclasses
+
+    from cardjax.model import cast_params
+
     model = cast_params(model, dtype)
+    model.cfg = dataclasses.replace(model.cfg, param_dtype=dtype)  # what it now stores
   tok = checkpoint.load_tokenizer(root, model.cfg, tokenizer or None)
   return LoadedRun(model, config, tok, name, step, root)

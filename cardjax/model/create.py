@@ -41,3 +41,14 @@ def create_model(cfg: ModelConfig, seed: int = 0, mesh=None) -> Decoder:
 
 def param_count(model: Decoder) -> int:
   return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def cast_params(model: Decoder, dtype: str) -> Decoder:
+  """`model` with every parameter stored in `dtype`; its layers compute in cfg.dtype
+  whatever the storage, and cfg itself is left as it is (LoRA adapters attached later
+  take cfg.param_dtype, not the base's storage)."""
+  import jax.numpy as jnp
+
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  params = jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), params)
+  return nnx.merge(graphdef, params, rest)

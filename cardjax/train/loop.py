@@ -31,7 +31,7 @@ from cardjax.config import model_config
 from cardjax.data.pipeline import batch_sharding
 from cardjax.data.prepare import make_loader, tokenizer_source
 from cardjax.errors import CardjaxError, CheckpointError
-from cardjax.model import ModelConfig, abstract_model, create_model
+from cardjax.model import ModelConfig, abstract_model, cast_params, create_model
 from cardjax.model import adapters as lora_adapters
 from cardjax.model.lora import count as param_total, nbytes
 from cardjax.model.lora_spec import spec_from_config
@@ -162,7 +162,7 @@ def setup(config, workdir: str | Path, mesh) -> Job:
     # fresh adapters, which a resumed run's restore below replaces.
     base, origin = _init_model(config, mesh)
     if t.lora.base_dtype:
-      base = _cast_params(base, t.lora.base_dtype)
+      base = cast_params(base, t.lora.base_dtype)
     model = lora_adapters.attach(base, spec, seed=config.seed, mesh=mesh)
     origin = f"LoRA rank {spec.rank} on {','.join(spec.targets)} over {origin}"
     if latest is not None:
@@ -211,14 +211,6 @@ def setup(config, workdir: str | Path, mesh) -> Job:
              model_tokens=(config.data.batch_size * config.data.seq_len
                            * objective.stream_factor),
              peak=flops.peak_flops_per_device(), frozen=frozen, lora=spec)
-
-
-def _cast_params(model, dtype: str):
-  """`model` with every parameter stored in `dtype` (a LoRA base held in bfloat16: its
-  layers compute in model.dtype whatever the storage)."""
-  graphdef, state = nnx.split(model, nnx.Param)
-  state = jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), state)
-  return nnx.merge(graphdef, state)
 
 
 def _log_trainable(params, frozen, opt_state) -> None:
