@@ -133,11 +133,11 @@ def parse(body, engine, chat: bool) -> Parsed:
   # prompt + max_tokens must fit the context, as OpenAI's API and vLLM require, rather than
   # a completion silently cut short; a request that names no max_tokens gets the default
   # or what the context leaves, whichever is less.
-  fits = limit + 1 - max(len(p) for p in prompts)  # the tokens every prompt has room for
+  longest = max(len(p) for p in prompts)
+  fits = limit + 1 - longest  # the tokens every prompt has room for
   if max_key not in body:
     max_tokens = min(max_tokens, fits)
   elif max_tokens > fits:
-    longest = max(len(p) for p in prompts)
     raise APIError(400, f"the prompt has {longest} tokens and {max_key} is {max_tokens}: "
                         f"together {longest + max_tokens}, more than the {limit + 1} this "
                         f"model's context ({engine.context(settings)} positions, less "
