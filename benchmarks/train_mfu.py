@@ -30,16 +30,17 @@ import numpy as np
 
 from benchmarks.common import arg_parser
 
-# name -> (config, rows a step, what was trimmed)
+# name -> (config, rows a step, what was trimmed, more config overrides)
 SHAPES = {
     "mars_0_5b": ("configs/mars_qwen2_5_0_5b.py:mars", 48,
-                  "48 rows a step, grad_accum 1 (the recipe: 384 rows, grad_accum 4)"),
+                  "48 rows a step, grad_accum 1 (the recipe: 384 rows, grad_accum 4)", ()),
     "card_1b": ("configs/card_1b.py", 8,
-                "8 rows a step, grad_accum 1, one device (the recipe: 1024 rows over FSDP)"),
+                "8 rows a step, grad_accum 1, one device (the recipe: 1024 rows over FSDP)",
+                ()),
 }
 SMOKE_SHAPES = {
-    "tiny_mars": ("configs/tiny_mars.py", 4, "toy: L = 32"),
-    "tiny_card": ("configs/tiny_card.py", 4, "toy: L = 32"),
+    "tiny_mars": ("configs/tiny_mars.py", 4, "toy: L = 32", ("--config.data.seq_len=32",)),
+    "tiny_card": ("configs/tiny_card.py", 4, "toy: L = 32", ("--config.data.seq_len=32",)),
 }
 COLUMNS = [("shape", "shape", ""), ("attention", "attention", ""), ("rows", "rows", "d"),
            ("seq", "L", "d"), ("step_ms", "step ms", ".1f"),
@@ -73,10 +74,9 @@ def auto_choice(cfg, objective, batch: dict) -> str:
                 cfg.dtype)
 
 
-def load(spec: str, rows: int, impl: str):
+def load(spec: str, rows: int, impl: str, extra=()):
   from cardjax.config import load_config
 
-  extra = ["--config.data.seq_len=32"] if spec in [s[0] for s in SMOKE_SHAPES.values()] else []
   return load_config(spec, [f"--config.data.batch_size={rows}", "--config.train.grad_accum=1",
                             f"--config.model.attention_impl={impl}",
                             "--config.train.init_from=", "--config.train.lora.rank=0", *extra])
@@ -175,27 +175,27 @@ def main() -> None:
   section.table(COLUMNS)
   # Each shape's auto first (the figure users get), then the other implementations.
   plan = []
-  for name, (spec, rows, _) in shapes.items():
-    config = load(spec, rows, "auto")
+  for name, (spec, rows, _, extra) in shapes.items():
+    config = load(spec, rows, "auto", extra)
     cfg = model_config(config)
     prompt = 0.25 if config.data.mode == "sft" else 0.0
     batch = make_batch(rows, config.data.seq_len, cfg.vocab_size, prompt)
     chosen = auto_choice(cfg, make_objective(config.objective, cfg), batch)
-    plan.append((name, spec, rows, batch, "auto", chosen))
+    plan.append((name, (spec, rows, extra), batch, "auto", chosen))
     section.data["sizes"]["shapes"][name]["auto_picks"] = chosen
   for impl in impls:
     if impl == "auto":
       continue
-    for name, spec, rows, batch, _, chosen in list(plan[:len(shapes)]):
+    for name, how, batch, _, chosen in list(plan[:len(shapes)]):
       if impl != chosen:
-        plan.append((name, spec, rows, batch, impl, impl))
-  for name, spec, rows, batch, impl, chosen in plan:
+        plan.append((name, how, batch, impl, impl))
+  for name, (spec, rows, extra), batch, impl, chosen in plan:
     if section.over_budget():
       break
     label = f"auto ({chosen})" if impl == "auto" else impl
     row = {"shape": name, "attention": label, "rows": rows, "seq": batch["tokens"].shape[1]}
     try:
-      row.update(time_step(load(spec, rows, impl), batch, steps))
+      row.update(time_step(load(spec, rows, impl, extra), batch, steps))
     except AttentionImplError as e:
       row["skipped"] = f"cannot serve this mask here: {str(e).split(': ', 1)[-1][:160]}"
     except Exception as e:  # noqa: BLE001  one failing row (out of memory, say) ends no table
