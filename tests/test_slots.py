@@ -8,6 +8,7 @@ import pytest
 from cardjax.decoding import ar, mars
 from cardjax.errors import CardjaxError
 from cardjax.serve.pool.slots import Sampling, SlotPool
+from compile_count import compiles
 from decoding_helpers import MASK, PROMPTS, tiny_model
 
 N = 9  # tokens per request
@@ -50,7 +51,9 @@ def test_ar_rows_equal_ar_generate_through_admits_releases_and_tiers(span_min):
   assert {1, 2, 4} <= {tier for tier, _ in seen}
   # spans 6, 12, 24, 48: the 16-token prompt buckets and 9 new tokens reach 24 slots only
   assert {span for _, span in seen} == ({24} if span_min else {48})
-  assert pool.live_rows() == 0 and pool.tier == 1
+  assert pool.live_rows() == 0
+  pool.step(3)  # the tier the freed rows held is given up at the next launch, not at release
+  assert pool.tier == 1
 
 
 @pytest.mark.parametrize("span_min", [0, 8])
@@ -191,19 +194,77 @@ def test_bad_admits():
     SlotPool(tiny_model(), "card", slots=24)
 
 
-def test_compile_steps_covers_every_tier_and_span_a_pool_steps_at():
-  """What a server's warm-up compiles is every step program requests can reach: serving
-  afterwards compiles no step (the gathers between shapes are small and compile lazily)."""
-  pool = SlotPool(tiny_model(), "ar", slots=48, batch_sizes=(1, 2), span_min=8)
+@pytest.mark.parametrize("overlap", [False, True])
+def test_after_compile_steps_and_prefills_serving_compiles_nothing(overlap):
+  """What a server's warm-up compiles is every program requests can reach: rows admitted,
+  stepped, released and refilled through every tier and several spans afterwards compile
+  nothing, with steps read at once or launched before the previous one is read."""
+  pool = SlotPool(tiny_model(), "ar", slots=48, batch_sizes=(1, 2, 4), span_min=8)
   assert pool.spans == [12, 24, 48]
-  assert pool.compile_steps(3) == 6 == pool._step._cache_size()
-  # Freeing a row is one compiled program per (tier, span), compiled by the warm-up too.
-  # (jax keeps one cache per function for every pool: count what serving adds to it.)
-  released = pool._release._cache_size()
-  assert pool.compile_prefills([16, 32]) == 4 == len(pool._prefills)
-  got, seen = drive(pool, [0, 4, 4, 8])
-  assert pool._step._cache_size() == 6 and len(seen) > 1
-  assert len(pool._prefills) == 4 and pool._prefill._cache_size() == 0  # none run by jit
-  assert pool._release._cache_size() == released
+  # per (tier, span): step, release, put, gathers to 2 other tiers and 2 other spans
+  assert pool.compile_steps(3) == 9 * 7
+  assert pool.compile_prefills([16, 32]) == 6 == len(pool._prefills)
+  schedule = [0, 4, 4, 8, 9, 9, 9, 9, 14]
+  with compiles() as counted:
+    if overlap:
+      drive_overlapped(pool, schedule, [1.0] * len(schedule))
+    else:
+      drive(pool, schedule)
+  assert counted["n"] == 0
   with pytest.raises(CardjaxError, match="span_min"):
     SlotPool(tiny_model(), "ar", slots=48, span_min=-1)
+
+
+def drive_overlapped(pool, schedule, taus, forwards=3):
+  """drive() as the server overlaps it: each call launches the next step before reading
+  the one launched the call before, then releases what that step ended."""
+  prompts = [PROMPTS[i % len(PROMPTS)] + [i] for i in range(len(schedule))]
+  got, done, call, admitted, flight = {}, {}, 0, set(), None
+  while len(done) < len(schedule):
+    due = [i for i, at in enumerate(schedule) if at <= call and i not in admitted]
+    due = due[:pool.capacity() - pool.live_rows()]
+    pool.admit_many((i, prompts[i], taus[i], N) for i in due)
+    admitted.update(due)
+    launched = pool.launch(forwards) if pool.busy() else None
+    if flight is not None:
+      new, ended, _ = pool.collect(flight)
+      for i, toks in new.items():
+        got.setdefault(i, []).extend(toks)
+      for i in ended:
+        done[i] = got.pop(i)
+        pool.release(i)
+    flight, call = launched, call + 1
+  return done
+
+
+@pytest.mark.parametrize("method", ["ar", "mars"])
+def test_launching_before_reading_gives_the_same_tokens(method):
+  """The server's overlap: a step launched before the previous one is read, rows released
+  and admitted between, tiers and spans planned from the host's bounds alone."""
+  model = tiny_model()
+  kw = dict(block=3) if method == "mars" else {}
+  pool = SlotPool(model, method, slots=64, batch_sizes=(1, 2, 4), span_min=8, **kw)
+  schedule, taus = [0, 0, 1, 1, 2, 5, 5, 9], [0.5, 1.0, 0.3, 0.8, 0.5, 0.7, 1.0, 0.4]
+  got = drive_overlapped(pool, schedule, taus)
+  for i in range(len(schedule)):
+    prompt = [PROMPTS[i % len(PROMPTS)] + [i]]
+    want = (ar.generate(model, prompt, N) if method == "ar" else
+            mars.generate(model, prompt, N, block=3, tau=taus[i], mask_id=MASK)).rows()[0]
+    assert got[i] == want, i
+
+
+def test_a_row_released_while_its_step_runs_is_left_out_and_refilled():
+  """A client that leaves while its row's step is in flight: the row is freed at once, a
+  new request takes it before that step is read, and the step's tokens for the old key
+  are dropped while the new row decodes its own."""
+  model = tiny_model()
+  pool = SlotPool(model, "ar", slots=48, batch_sizes=(1,))
+  pool.admit("gone", PROMPTS[0], max_new_tokens=N)
+  flight = pool.launch(3)
+  pool.release("gone")
+  pool.admit("new", PROMPTS[1], max_new_tokens=N)
+  second = pool.launch(N)
+  assert pool.collect(flight) == ({}, {}, {})
+  new, ended, _ = pool.collect(second)
+  assert new["new"] == ar.generate(model, [PROMPTS[1]], N).rows()[0]
+  assert ended == {"new": "budget"}

@@ -21,7 +21,7 @@ from cardjax.serve.engine import Engine
 from cardjax.serve.limits import Limits
 from cardjax.serve.metrics import Metrics
 from cardjax.serve.protocol import APIError
-from cardjax.serve.scheduler import Job, Scheduler
+from cardjax.serve.scheduler import ADMIT_WAIT, Job, Scheduler
 from cardjax.serve.tau import TauControl
 from cardjax.serve.handoff import Handoff
 from cardjax.serve.text import TextStream
@@ -31,11 +31,12 @@ DISCONNECT_POLL_S = 0.5
 
 
 def create_app(engine: Engine, tau: TauControl | None = None,
-               admit_wait: float = 0.1, limits: Limits | None = None) -> FastAPI:
+               admit_wait: float = ADMIT_WAIT, limits: Limits | None = None,
+               overlap: bool = True) -> FastAPI:
   limits = limits or Limits()
   metrics = Metrics()
   metrics.watch_compilations()
-  scheduler = Scheduler(engine, metrics, tau or TauControl(engine.tau), admit_wait)
+  scheduler = Scheduler(engine, metrics, tau or TauControl(engine.tau), admit_wait, overlap)
   handoff = Handoff()
   scheduler.handoffs.append(handoff.flush)
 

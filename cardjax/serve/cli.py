@@ -10,6 +10,7 @@ import time
 
 from cardjax.errors import CardjaxError
 from cardjax.serve import limits
+from cardjax.serve.scheduler import ADMIT_WAIT
 
 
 def is_loopback(host: str) -> bool:
@@ -85,11 +86,15 @@ def add_arguments(p) -> None:
                  help="AR and MARS: keep the KV of prompt prefixes that requests share (the "
                       "chat template's system turn from the start; others learned in "
                       "multiples of this many tokens) and prefill only what follows; 0: off")
-  p.add_argument("--admit-wait", type=float, default=0.1,
+  p.add_argument("--admit-wait", type=float, default=ADMIT_WAIT,
                  help="AR and MARS: when a step frees rows while others decode on, wait up "
                       "to this fraction of the step's time for new requests to fill them "
                       "before the next step (a client that got its answer often sends the "
                       "next at once); 0: never wait")
+  p.add_argument("--no-overlap", dest="overlap", action="store_false",
+                 help="AR and MARS: read each decode step's tokens before launching the next "
+                      "(by default the next step is launched first, so the device computes "
+                      "while the server delivers)")
   p.add_argument("--width-bucket", type=int, default=32,
                  help="prompts are left-padded to a multiple of this (compiled widths)")
   p.add_argument("--warmup-width", type=int, default=0,
@@ -179,7 +184,7 @@ def run(args) -> None:
     shapes = engine.warmup(args.warmup_width, log=lambda line: print(line, file=sys.stderr))
     print(f"cardjax serve: warm-up compiled {shapes} shapes in "
           f"{time.perf_counter() - start:.0f}s", file=sys.stderr)
-  app = create_app(engine, tau, args.admit_wait, bounds)
+  app = create_app(engine, tau, args.admit_wait, bounds, overlap=args.overlap)
   d = engine.default
   print(f"cardjax serve: model {engine.name!r} (objective {engine.objective or 'unknown'}), "
         f"method {d.method}" + (f" B={d.block}" if d.method != "ar" else "") +

@@ -9,10 +9,23 @@ top_p and seed in its row, so greedy and sampled, seeded or not, decode in the s
 The pool admits its waiting requests into free rows (one prefill forward per prompt width)
 and runs one step of up to `chunk` forwards for all its rows; a row keeps its KV cache from
 step to step, so it is prefilled once, and a request that ends (stop token, stop string,
-max_tokens, context, or a client that went away) frees its row in that step. A step that
-freed rows while others decode on is followed by a short wait (`admit_wait` of the step's
-time) for new requests to fill them, since closed-loop clients come straight back, unless
-another group has work waiting.
+max_tokens, context, or a client that went away) frees its row in that step.
+
+Overlap (the default): the device never waits for the host's bookkeeping. A round admits,
+then launches step k+1 (SlotPool.launch returns at once; the device runs it after step k),
+and only then reads step k's packed results, delivers them and frees the rows that ended;
+so delivery, stop strings and the next round's admission run while the device computes.
+The host plans step k+1 without step k's results: the pool's host mirror of each row's
+index and budget bounds what both steps can write. A row that ended in step k is known
+free only after step k+1 was launched, so it rejoins at step k+2 (a small `chunk` keeps that
+step short); a client that leaves while its row's step is in flight gets its row freed at
+once and that step's tokens for it are dropped. Without overlap (--no-overlap) a round
+launches and reads its own step: the same tokens, in the same steps per request.
+
+After a round that freed rows while others decode on, the thread waits a little
+(`admit_wait` of a step's time) for new requests to fill them, since closed-loop clients
+come straight back, unless another group has work waiting. With a step in flight that wait
+costs the device nothing.
 
 Other methods decode in chunks: between decode chunks (engine.py: at most `chunk` new
 tokens per row per call) the thread takes the oldest requests of the group, up to the
@@ -81,6 +94,10 @@ class Job:
     return Sampling(s.temperature, s.top_p, (fresh if s.seed is None else s.seed) % 2**32)
 
 
+# The admission wait, a fraction of a step's time (module docstring).
+ADMIT_WAIT = 0.1
+
+
 def check_admit_wait(value: float) -> float:
   if not value >= 0:
     raise CardjaxError(f"--admit-wait={value} must be >= 0 (a fraction of a step's time; 0: "
@@ -90,9 +107,12 @@ def check_admit_wait(value: float) -> float:
 
 class Scheduler:
   def __init__(self, engine: Engine, metrics: Metrics, tau: TauControl,
-               admit_wait: float = 0.1):
+               admit_wait: float = ADMIT_WAIT, overlap: bool = True):
     self.engine, self.metrics, self.tau = engine, metrics, tau
     self.admit_wait = check_admit_wait(admit_wait)
+    self.overlap = overlap
+    self.flights: dict[tuple, object] = {}  # pool key -> its launched, unread step
+    self._read: dict[tuple, float | None] = {}  # pool key -> when its last step was read
     self.max_batch = max(engine.batch_sizes)
     self.pool: list[Job] = []
     self.cond = threading.Condition()
@@ -192,6 +212,7 @@ class Scheduler:
         traceback.print_exc()
         if continuous:  # its rows' state may be gone (donated buffers): a fresh pool
           self.engine.drop_pool(batch[0].settings)
+          self.flights.pop(batch[0].settings.pool_key(), None)
           batch = [j for j in batch if j.admitted]
         for job in batch:
           self._finish(job, {"type": "error", "message": f"decoding failed: {e}"}, "error")
@@ -199,9 +220,11 @@ class Scheduler:
         self._hand_off()  # whatever the round sent, an error included
 
   def _step(self, jobs: list[Job], waiting: int) -> None:
-    """One round of a SlotPool: admit the group's waiting requests into free rows, one
-    step for every row, deliver each row's tokens."""
+    """One round of a SlotPool: admit the group's waiting requests into free rows, launch
+    a step for every live row, then read and deliver the step launched the round before
+    (with overlap; without it, this round's own step)."""
     s = jobs[0].settings
+    key = s.pool_key()
     pool = self.engine.pool(s)
     admits = [j for j in jobs if not j.admitted][:pool.capacity() - pool.live_rows()]
     taus = []
@@ -223,12 +246,27 @@ class Scheduler:
       job.admitted, job.row_tau = True, tau if s.method == "mars" else None
     started = time.monotonic()
     self.metrics.thread_seconds.labels("prefill").inc(started - clock)
-    new, ended, forwards = pool.step(self.engine.chunk)
+    # Only while a row may still decode: one whose budget the step in flight covers has
+    # ended, though the host reads that only at its collect.
+    flight = pool.launch(self.engine.chunk) if pool.busy() else None
+    previous = self.flights.pop(key, None)
+    if not self.overlap:
+      previous, flight = flight, None
+    if flight is not None:
+      self.flights[key] = flight
+    if previous is None:
+      return  # the first step after an idle spell: its tokens are read next round
+    new, ended, forwards = pool.collect(previous)
     now = time.monotonic()
     self.metrics.thread_seconds.labels("step").inc(now - started)
+    # The device's time per step: between two reads while steps queue back to back.
+    last = self._read.get(key)
+    step_s = now - last if last is not None else now - started
+    self._read[key] = now if flight is not None else None
     stop_ids = set() if s.ignore_eos else set(self.engine.tokenizer.stop_ids)
     # Before any delivery: a client that reads /metrics after its answer sees this step.
-    self.metrics.batch_rows.observe(sum(job.id in new for job in jobs))
+    if new:  # a step whose rows had all ended before it (a stop token) ran no forward
+      self.metrics.batch_rows.observe(len(new))
     made = freed = 0
     for job in jobs:
       if job.id not in new:
@@ -254,8 +292,10 @@ class Scheduler:
     self._hand_off()
     clock = time.monotonic()
     self.metrics.thread_seconds.labels("deliver").inc(clock - now)
-    if freed and pool.live_rows():
-      self._await_arrivals(jobs[0], freed, self.admit_wait * (now - started))
+    # With a step in flight the wait costs the device nothing while it is shorter than
+    # that step: the answered clients' next requests then join the step after it.
+    if freed and (flight is not None or pool.live_rows()):
+      self._await_arrivals(jobs[0], freed, self.admit_wait * step_s - (clock - now))
       self.metrics.thread_seconds.labels("admit_wait").inc(time.monotonic() - clock)
 
   def _await_arrivals(self, like: Job, want: int, seconds: float) -> None:

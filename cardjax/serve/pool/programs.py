@@ -1,9 +1,11 @@
 """The jitted programs a `SlotPool` (slots.py) calls, and the per-row state they carry.
 
-prefill    the KV cache of a batch of prompts (after a stored prefix, when one is given)
-put_rows   write prefilled rows into the pool's cache and reset their row states
+prefill    the KV cache of a batch of prompts (after a stored prefix, when one is given),
+           into the pool's prefill buffer
+put_rows   write the prefill buffer's rows into the pool's cache, reset their row states
 gather     the pool's live rows in a new order, cut or padded to a new span (tier changes)
-step       up to `forwards` AR or MARS forwards for every live row, in one while loop
+step       up to `forwards` AR or MARS forwards for every live row, in one while loop,
+           and its results packed in one array the host reads (`unpack`)
 
 The pool compiles each for its static shapes; this module holds no state.
 """
@@ -42,11 +44,14 @@ jax.tree_util.register_dataclass(Rows, data_fields=[f.name for f in dataclasses.
                                  meta_fields=[])
 
 
-def prefill(graphdef, params, tokens, positions, segments, prefix=None):
-  """A cache of the prompts' rows holding each prompt less its last token, in as many
-  slots as the padded width less one; with `prefix` (a PrefixStore cache of P slots) the
-  prompts are what follows that prefix: each row's first P slots are a copy of it and the
-  prompts' positions start at P."""
+def prefill(graphdef, params, staging: KVCache, tokens, positions, segments, prefix=None):
+  """The KV of a batch of prompts, written into the first rows of `staging` (the pool's
+  prefill buffer: prefill_rows rows of `slots` slots, donated): each prompt less its last
+  token in as many slots as the padded width less one, the row's index there, the slots
+  past it stale (put_rows empties them). With `prefix` (a PrefixStore cache of P slots)
+  the prompts are what follows that prefix: each row's first P slots are a copy of it and
+  the prompts' positions start at P. Writing into one fixed buffer keeps put_rows' shapes
+  to the pool's (tier, span), whatever width and batch a prefill had."""
   model = nnx.merge(graphdef, params)
   b, w = tokens.shape
   cache = KVCache.create(model.cfg, b, w - 1)
@@ -56,28 +61,43 @@ def prefill(graphdef, params, tokens, positions, segments, prefix=None):
   _, cache = model.forward_cached(tokens[:, :-1], cache, positions=positions[:, :-1],
                                   segment_ids=segments[:, :-1],
                                   logits_at=jnp.zeros((b, 1), jnp.int32))
-  return cache
+
+  def write(buf, value):
+    return jax.lax.dynamic_update_slice(buf, value.astype(buf.dtype), (0,) * buf.ndim)
+
+  index = jnp.broadcast_to(cache.index, (b,))
+  return KVCache(k=write(staging.k, cache.k), v=write(staging.v, cache.v),
+                 positions=write(staging.positions, cache.positions),
+                 streams=write(staging.streams, cache.streams),
+                 segments=write(staging.segments, cache.segments),
+                 index=staging.index.at[:b].set(index))
 
 
-def put_rows(cache: KVCache, rows: Rows, new: KVCache, row_ids, last, length, tau,
+def put_rows(cache: KVCache, rows: Rows, staging: KVCache, row_ids, last, length, tau,
              budget, temperature, top_p, seed):
-  """`cache` and `rows` with rows `row_ids` ([n]; an id past the last row is dropped: a
-  padding row of the prefill) replaced by the n prefilled rows of `new` (their slots
-  become the rows' first ones, the rest empty, their index new.index) and fresh row
+  """`cache` and `rows` with rows `row_ids` ([n], n = the staging rows; an id past the
+  last row is dropped: a row the prefill did not fill) replaced by the staged rows (their
+  first `span` slots become the rows', slots past each one's index empty) and fresh row
   states: pending = [last], `length` tokens so far. One call, so an admit is one dispatch
-  besides the prefill."""
-  w = new.slots
+  besides the prefill; its shapes are the pool's (tier, span) only."""
+  span = cache.slots
+  slot = jnp.arange(span)
+  filled = slot[None] < staging.index[:, None]  # [n, span]
 
   def put(buf, value):
+    value = jax.lax.slice_in_dim(value, 0, span, axis=value.ndim - 2 if value.ndim == 5
+                                 else 1)
     if buf.ndim == 5:  # [layers, rows, kv_heads, slots, head_dim]
-      return buf.at[:, row_ids, :, :w].set(value, mode="drop")
-    return buf.at[row_ids, :w].set(value, mode="drop")
+      return buf.at[:, row_ids].set(value, mode="drop")
+    return buf.at[row_ids].set(value, mode="drop")
 
-  segments = cache.segments.at[row_ids].set(EMPTY_SEGMENT, mode="drop")  # the last occupant
-  cache = KVCache(k=put(cache.k, new.k), v=put(cache.v, new.v),
-                  positions=put(cache.positions, new.positions),
-                  streams=put(cache.streams, new.streams), segments=put(segments, new.segments),
-                  index=cache.index.at[row_ids].set(new.index, mode="drop"))
+  segments = jnp.where(filled, jax.lax.slice_in_dim(staging.segments, 0, span, axis=1),
+                       EMPTY_SEGMENT)
+  cache = KVCache(k=put(cache.k, staging.k), v=put(cache.v, staging.v),
+                  positions=put(cache.positions, staging.positions),
+                  streams=put(cache.streams, staging.streams),
+                  segments=cache.segments.at[row_ids].set(segments, mode="drop"),
+                  index=cache.index.at[row_ids].set(staging.index, mode="drop"))
 
   def set_rows(x, value):
     return x.at[row_ids].set(value, mode="drop")
@@ -126,8 +146,10 @@ def step(graphdef, params, cache: KVCache, rows: Rows, stop_ids, pad_id, mask_id
          forwards: int, method: str, block: int, rule: str, limit: int):
   """Up to `forwards` forwards for every live row; a row stops when its next window would
   pass `limit` slots (the pool's, not the span's: the caller makes the span hold every slot
-  this step writes). Returns (cache, rows, out [rows, forwards * max(B, 1)], count [rows],
-  forwards each row was live for [rows])."""
+  this step writes). Returns (cache, rows, packed): `packed` [rows, forwards * max(B, 1) +
+  5] int32 holds the new tokens and each row's count, forwards used, liveness, budget and
+  write index after the step (`unpack`). One array that is not part of the donated state:
+  the host reads it while the next step, already dispatched, consumes the state."""
   model = nnx.merge(graphdef, params)
   b = rows.live.shape[0]
   width = max(block, 1)
@@ -189,4 +211,11 @@ def step(graphdef, params, cache: KVCache, rows: Rows, stop_ids, pad_id, mask_id
   body = ar_body if method == "ar" else mars_body
   cache, rows, out, count, _, used = jax.lax.while_loop(
       cond, body, (cache, rows, out, count, jnp.int32(0), jnp.zeros((b,), jnp.int32)))
-  return cache, rows, out, count, used
+  tail = jnp.stack([count, used, rows.live.astype(jnp.int32), rows.budget, cache.index], 1)
+  return cache, rows, jnp.concatenate([out, tail.astype(jnp.int32)], axis=1)
+
+
+def unpack(packed):
+  """A step's packed results (numpy, on the host): (out, count, used, live, budget, index)."""
+  out, tail = packed[:, :-5], packed[:, -5:]
+  return out, tail[:, 0], tail[:, 1], tail[:, 2].astype(bool), tail[:, 3], tail[:, 4]

@@ -11,6 +11,11 @@ that lives across calls:
                        decode with the others. admit(key, prompt, ...) admits one.
   step(forwards)       up to `forwards` forwards for every live row (one jitted while loop,
                        leaving early when no row is live); returns each key's new tokens
+  launch(forwards) / collect(flight)
+                       the same step split in two: launch dispatches it and returns, collect
+                       waits for its results; between them the host may release rows, admit
+                       new ones and launch the next step, which the device runs after this
+                       one (the server's overlap: scheduler.py)
   release(key)         the key's request is over (or its client left); its row is free
 
 Rows are named by the caller's keys: a tier change (below) renumbers them. Each row keeps
@@ -134,7 +139,7 @@ class SlotPool:
     # Prefill batches: the batch sizes up to prefill_rows (at least the smallest).
     self.prefill_sizes = tuple(b for b in self.batch_sizes if b <= prefill_rows)
     self.prefill_sizes = self.prefill_sizes or self.batch_sizes[:1]
-    self._prefill = jax.jit(functools.partial(programs.prefill, g))
+    self._prefill = jax.jit(functools.partial(programs.prefill, g), donate_argnums=(1,))
     self._prefills = {}  # (rows, prefix, width) -> the compiled prefill (compile_prefills)
     # Stored prefixes (a store shared with the model's other pools, or its own).
     self.prefixes = prefixes or PrefixStore(self.model, prefix_page)
@@ -148,8 +153,11 @@ class SlotPool:
     # needs, without reading the device before every step.
     self.index = np.zeros(0, np.int64)
     self.budget = np.zeros(0, np.int64)
+    self.flown = np.zeros(0, np.int64)  # forwards launched for the row, not yet collected
     self.live = np.zeros(0, bool)
     self.cache = self.rows = None
+    # The prefill buffer: each prefill writes its rows here, put_rows copies them out.
+    self.staging = self._commit(KVCache.create(cfg, self.prefill_sizes[-1], slots).per_row())
     self._resize(self.batch_sizes[0], [], self.spans[0])
 
   # -- rows ---------------------------------------------------------------------------
@@ -168,10 +176,11 @@ class SlotPool:
     return self.cache.slots
 
   def reach(self, forwards: int) -> int:
-    """Slots the next `forwards` forwards can write into, over every row: a live row moves
-    its index by at most `stride` a forward and by at most its pending tokens and budget in
-    all, then writes one window; a stopped or free row rewrites its window in place."""
-    moved = np.minimum((forwards - 1) * self.stride, self.stride + self.budget)
+    """Slots the next `forwards` forwards (after those in flight) can write into, over every
+    row: a live row moves its index by at most `stride` a forward and by at most its
+    pending tokens and budget in all, then writes one window; a stopped or free row
+    rewrites its window in place."""
+    moved = np.minimum((self.flown + forwards - 1) * self.stride, self.stride + self.budget)
     far = self.index + np.where(self.live, moved, 0) + self.window
     return int(min(far.max(initial=self.window), self.slots))
 
@@ -190,6 +199,7 @@ class SlotPool:
       self.cache, self.rows = self._empty(tier, span)
       self.owner = [None] * tier
       self.index, self.budget = np.zeros(tier, np.int64), np.zeros(tier, np.int64)
+      self.flown = np.zeros(tier, np.int64)
       self.live = np.zeros(tier, bool)
       return
     self.cache, self.rows = self._gather(self.cache, self.rows, jnp.asarray(order, jnp.int32),
@@ -199,6 +209,7 @@ class SlotPool:
     at = np.maximum(order, 0)
     self.index = np.where(keep, self.index[at], 0)
     self.budget = np.where(keep, self.budget[at], 0)
+    self.flown = np.where(keep, self.flown[at], 0)
     self.live = keep & self.live[at]
 
   def _empty(self, tier: int, span: int) -> tuple[KVCache, Rows]:
@@ -211,24 +222,40 @@ class SlotPool:
                   tau=jnp.ones((tier,), jnp.float32), budget=jnp.zeros((tier,), jnp.int32),
                   temperature=jnp.zeros((tier,), jnp.float32),
                   top_p=jnp.ones((tier,), jnp.float32), seed=jnp.zeros((tier,), jnp.uint32)))
-    # Committed to the device, as the jitted calls' outputs are: a first call on
-    # uncommitted arrays would compile each program a second time. Copies: create()
-    # shares one zeros buffer between k and v, and the calls donate each.
+    return self._commit(state)
+
+  @staticmethod
+  def _commit(state):
+    """Committed to the device, as the jitted calls' outputs are: a first call on
+    uncommitted arrays would compile each program a second time. Copies: create()
+    shares one zeros buffer between k and v, and the calls donate each."""
     device = jax.devices()[0]
     return jax.tree.map(lambda x: jax.device_put(jnp.copy(x), device), state)
 
   def compile_steps(self, forwards: int, log=None) -> int:
-    """Compile the step of `forwards` forwards for every (tier, span) before serving (it
-    runs no forward: no row is live). Returns the number of programs."""
+    """Compile, before serving, what the pool runs at each (tier, span): the step of
+    `forwards` forwards (it runs no forward: no row is live), putting prefilled rows,
+    freeing a row, and the gathers to every other tier at this span and every other span
+    at this tier (what admits, releases and span changes run). Returns the number of
+    programs."""
     n = 0
+    s = self.staging.index.shape[0]
     for tier in self.batch_sizes:
       for span in self.spans:
         if log:
           log(f"step batch {tier}, span {span}")
         cache, rows = self._empty(tier, span)
-        cache, rows, *_ = self._call_step(cache, rows, forwards)
-        self._release(cache, rows, np.int32(0))  # freeing a row: compiled here too
-        n += 1
+        cache, rows, _ = self._call_step(cache, rows, forwards)
+        cache, rows = self._release(cache, rows, np.int32(0))
+        ids = np.full(s, tier, np.int32)  # every id dropped: no row changes
+        zeros, ones = np.zeros(s, np.int32), np.ones(s, np.float32)
+        cache, rows = self._put(cache, rows, self.staging, ids, zeros, zeros, ones, zeros,
+                                ones, ones, np.zeros(s, np.uint32))
+        for other, other_span in ([(t, span) for t in self.batch_sizes if t != tier] +
+                                  [(tier, x) for x in self.spans if x != span]):
+          self._gather(cache, rows, jnp.asarray(np.full(other, -1), jnp.int32),
+                       span=other_span)
+        n += 3 + len(self.batch_sizes) + len(self.spans) - 2
     return n
 
   def _call_step(self, cache, rows, forwards):
@@ -310,24 +337,27 @@ class SlotPool:
     prompts = [r[1] for r in requests] + [list(prefix) + [self.pad_id]] * (size - n)
     tokens, positions, segments, _ = left_pad([q[p:] for q in prompts], self.pad_id,
                                               bucket=width)
-    args = (self.model.state, tokens, positions, segments)
+    args = (self.model.state, self.staging, tokens, positions, segments)
     if p:
       args += (self.prefixes.cache(prefix),)
-    new = self.prefill_program(size, width, p)(*args)
-    ids = np.asarray(rows + [self.tier] * (size - n), np.int32)  # padding rows: dropped
+    self.staging = self.prefill_program(size, width, p)(*args)
+    s = self.staging.index.shape[0]  # staging rows: those past n are not put (dropped ids)
+    ids = np.asarray(rows + [self.tier] * (s - n), np.int32)
+    prompts += [[self.pad_id]] * (s - size)
     last = np.asarray([q[-1] for q in prompts], np.int32)
     length = np.asarray([len(q) for q in prompts], np.int32)
-    tau = np.asarray([r[2] for r in requests] + [1.0] * (size - n), np.float32)
-    budget = np.asarray([r[3] for r in requests] + [0] * (size - n), np.int32)
-    sampling = [r[4] for r in requests] + [GREEDY] * (size - n)
+    tau = np.asarray([r[2] for r in requests] + [1.0] * (s - n), np.float32)
+    budget = np.asarray([r[3] for r in requests] + [0] * (s - n), np.int32)
+    sampling = [r[4] for r in requests] + [GREEDY] * (s - n)
     self.cache, self.rows = self._put(
-        self.cache, self.rows, new, ids, last, length, tau, budget,
+        self.cache, self.rows, self.staging, ids, last, length, tau, budget,
         np.asarray([x.temperature for x in sampling], np.float32),
         np.asarray([x.top_p for x in sampling], np.float32),
         np.asarray([x.seed for x in sampling], np.uint32))
     for (key, _, _, budget, _), row in zip(requests, rows):
       self.owner[row] = key
       self.index[row], self.budget[row], self.live[row] = p + width - 1, budget, True
+      self.flown[row] = 0
 
   def prefill_program(self, rows: int, width: int, prefix: int = 0):
     """The prefill of `rows` prompts padded to `width` after a stored prefix of `prefix`
@@ -335,7 +365,7 @@ class SlotPool:
     call would not reuse an ahead-of-time compile)."""
     if (rows, prefix, width) not in self._prefills:
       spec = jax.ShapeDtypeStruct((rows, width), jnp.int32)
-      args = (self.model.state, spec, spec, spec)
+      args = (self.model.state, self.staging, spec, spec, spec)
       if prefix:
         args += (self.prefixes.spec(prefix),)
       self._prefills[rows, prefix, width] = self._prefill.lower(*args).compile()
@@ -358,40 +388,70 @@ class SlotPool:
     return n
 
   def release(self, key) -> None:
-    """Free `key`'s row (its request ended or its client left); shrink to a smaller tier
-    when the live rows fit one."""
+    """Free `key`'s row (its request ended or its client left). A tier the remaining rows
+    no longer need is given up at the next launch."""
     row = self.owner.index(key)
     self.owner[row] = None
     self.cache, self.rows = self._release(self.cache, self.rows, np.int32(row))
-    self.index[row], self.live[row] = 0, False
-    live = self.live_rows()
-    smaller = next(b for b in self.batch_sizes if b >= max(live, 1))
-    if smaller < self.tier:
-      self._fit(live)
+    self.index[row], self.live[row], self.flown[row] = 0, False, 0
 
-  def step(self, forwards: int):
-    """Decode up to `forwards` forwards for the live rows, each with its own tau and
-    sampling. Returns (new tokens per key,
-    the keys whose rows stopped by themselves with the reason: "stop" (a stop token),
-    "budget" (max_new_tokens) or "slots" (no room for another window), forwards per key
-    (those that produced its tokens)). A stopped row keeps its key until release."""
-    was_live = self.live.copy()
+  def busy(self) -> bool:
+    """Whether a step launched now could decode anything: some row the host counts live
+    has budget left beyond the forwards already in flight for it (a live row commits at
+    least one token a forward, so a row whose budget those forwards cover has ended)."""
+    return bool(np.any(self.live & (self.budget > self.flown)))
+
+  def launch(self, forwards: int) -> "Flight":
+    """Dispatch a step of up to `forwards` forwards for the live rows and return at once,
+    the results still on their way (`collect` reads them). Steps already in flight count
+    toward the span: the host plans this one without their results. Before it, a tier the
+    live rows no longer need is given up (lazily: a row freed and refilled between two
+    steps costs no gather)."""
+    live = self.live_rows()
+    if next(b for b in self.batch_sizes if b >= max(live, 1)) < self.tier:
+      self._fit(live)
     span = self.span_for(self.reach(forwards))
     if span != self.span:
       self._resize(self.tier, range(self.tier), span)
-    self.cache, self.rows, out, count, used = self._call_step(self.cache, self.rows, forwards)
-    # One device_get for the six results: their copies to the host start together and are
-    # waited for once, rather than six reads each waiting on the last.
-    out, count, used, live, budget, index = jax.device_get(
-        (out, count, used, self.rows.live, self.rows.budget, self.cache.index))
-    self.index = np.asarray(index).astype(np.int64)
-    self.budget, self.live = budget.astype(np.int64), live.copy()
+    self.cache, self.rows, packed = self._call_step(self.cache, self.rows, forwards)
+    packed.copy_to_host_async()  # starts now; collect waits for it
+    self.flown[self.live] += forwards
+    return Flight(packed, list(self.owner), self.live.copy(), forwards)
+
+  def collect(self, flight: "Flight"):
+    """Wait for a launched step and read its results. Returns (new tokens per key,
+    the keys whose rows stopped by themselves with the reason: "stop" (a stop token),
+    "budget" (max_new_tokens) or "slots" (no room for another window), forwards per key
+    (those that produced its tokens)). A stopped row keeps its key until release; a key
+    released while its step ran (its client left) is left out."""
+    out, count, used, live, budget, index = programs.unpack(np.asarray(flight.packed))
+    where = {key: row for row, key in enumerate(self.owner) if key is not None}
     tokens, ended, fwd = {}, {}, {}
-    for row in np.flatnonzero(was_live):
-      key = self.owner[row]
+    for row in np.flatnonzero(flight.was_live):
+      key = flight.keys[row]
+      now = where.get(key)  # tier changes since the launch renumber rows
+      if now is None:
+        continue
+      self.index[now], self.budget[now], self.live[now] = index[row], budget[row], live[row]
+      self.flown[now] -= flight.forwards
       tokens[key] = toks = out[row, :count[row]].tolist()
       fwd[key] = int(used[row])
       if not live[row]:
         ended[key] = ("stop" if toks and toks[-1] in self.stop_ids else
                       "budget" if budget[row] <= 0 else "slots")
     return tokens, ended, fwd
+
+  def step(self, forwards: int):
+    """Decode up to `forwards` forwards for the live rows, each with its own tau and
+    sampling, and wait for them: `collect(launch(forwards))`."""
+    return self.collect(self.launch(forwards))
+
+
+@dataclasses.dataclass
+class Flight:
+  """A launched step: its packed results (on their way to the host) and what the host knew
+  at its launch: each row's key (None: free) and which rows it counted as live."""
+  packed: jax.Array
+  keys: list
+  was_live: np.ndarray
+  forwards: int
