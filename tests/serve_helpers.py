@@ -70,8 +70,11 @@ def server_env() -> dict:
 
 
 def start_server(run, *args: str, timeout: float = 180.0):
-  """(process, base url) of `cardjax serve` on `run`, once /health answers."""
+  """(process, base url) of `cardjax serve` on `run`, once /health answers. Without a
+  warm-up unless `args` ask for one: the tests that count compiles ask."""
   port = portpicker.pick_unused_port()
+  if "--warmup-width" not in args:
+    args += ("--warmup-width", "0")
   proc = subprocess.Popen([sys.executable, "-m", "cardjax.cli", "serve", "--checkpoint",
                            str(run), "--port", str(port), *args], env=server_env(),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

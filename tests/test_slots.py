@@ -203,7 +203,7 @@ def test_after_compile_steps_and_prefills_serving_compiles_nothing(overlap):
   assert pool.spans == [12, 24, 48]
   # per (tier, span): step, release, put, gathers to 2 other tiers and 2 other spans
   assert pool.compile_steps(3) == 9 * 7
-  assert pool.compile_prefills([16, 32]) == 6 == len(pool._prefills)
+  assert pool.compile_prefills(32) == 6 == len(pool._prefills)  # widths 16, 32; 3 sizes
   schedule = [0, 4, 4, 8, 9, 9, 9, 9, 14]
   with compiles() as counted:
     if overlap:

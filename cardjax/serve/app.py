@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from cardjax.serve import protocol, scoring
-from cardjax.serve.engine import Engine
+from cardjax.serve.engine import COMPILE_THREAD, Engine
 from cardjax.serve.limits import Limits
 from cardjax.serve.metrics import Metrics
 from cardjax.serve.protocol import APIError
@@ -35,7 +35,7 @@ def create_app(engine: Engine, tau: TauControl | None = None,
                overlap: bool = True) -> FastAPI:
   limits = limits or Limits()
   metrics = Metrics()
-  metrics.watch_compilations()
+  metrics.watch_compilations(COMPILE_THREAD)
   scheduler = Scheduler(engine, metrics, tau or TauControl(engine.tau), admit_wait, overlap)
   handoff = Handoff()
   scheduler.handoffs.append(handoff.flush)
@@ -47,6 +47,7 @@ def create_app(engine: Engine, tau: TauControl | None = None,
     # uvicorn has stopped accepting and waited for in-flight responses; whatever is left
     # in the pool (none, normally) is finished before the process exits.
     await asyncio.to_thread(scheduler.stop)
+    metrics.unwatch_compilations()
 
   app = FastAPI(title="cardjax serve", lifespan=lifespan)
   app.state.engine, app.state.scheduler, app.state.metrics = engine, scheduler, metrics

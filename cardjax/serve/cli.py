@@ -97,9 +97,12 @@ def add_arguments(p) -> None:
                       "while the server delivers)")
   p.add_argument("--width-bucket", type=int, default=32,
                  help="prompts are left-padded to a multiple of this (compiled widths)")
-  p.add_argument("--warmup-width", type=int, default=0,
-                 help="before serving, compile the default method for every batch size and "
-                      "prompt width up to this many tokens (0: compile on first use)")
+  p.add_argument("--warmup-width", type=int, default=-1,
+                 help="before serving, compile the default method's programs for every "
+                      "batch size and prompt width up to this many tokens (-1, the default: "
+                      "up to the longest prompt a request may send, or 256 tokens for the "
+                      "methods decoded in chunks; 0: compile on first use, so early "
+                      "requests wait for compiles)")
   p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                  help="the weights' and activations' dtype: auto is bfloat16 on a GPU or TPU "
                       "(a decoding forward reads half the bytes) and float32 on a CPU")
@@ -166,6 +169,9 @@ def run(args) -> None:
                          "$CARDJAX_API_KEY): without one anyone who reaches the port could "
                          "use the server")
   check_admit_wait(args.admit_wait)  # before the model loads
+  if args.warmup_width < -1:
+    raise CardjaxError(f"--warmup-width={args.warmup_width} must be -1 (every width), 0 (no "
+                       "warm-up) or a prompt length")
   use_compilation_cache(args.compilation_cache)
   bounds = limits.Limits(args.max_body_bytes, args.max_queue, args.api_key)
   sizes = parse_sizes(args.batch_sizes)
@@ -179,9 +185,10 @@ def run(args) -> None:
                        chunk=args.chunk, batch_sizes=sizes, width_bucket=args.width_bucket,
                        max_tokens=args.max_tokens, slots=args.slots, span_min=args.span_min,
                        prefill_rows=args.prefill_rows, prefix_page=args.prefix_page)
-  if args.warmup_width > 0:
+  if args.warmup_width != 0:
     start = time.perf_counter()
-    shapes = engine.warmup(args.warmup_width, log=lambda line: print(line, file=sys.stderr))
+    shapes = engine.warmup(None if args.warmup_width < 0 else args.warmup_width,
+                           log=lambda line: print(line, file=sys.stderr))
     print(f"cardjax serve: warm-up compiled {shapes} shapes in "
           f"{time.perf_counter() - start:.0f}s", file=sys.stderr)
   app = create_app(engine, tau, args.admit_wait, bounds, overlap=args.overlap)

@@ -22,10 +22,17 @@ request.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import sys
 
 from cardjax.errors import CardjaxError
+
+
+# The thread that compiles in the background (its compiles are not a request's).
+COMPILE_THREAD = "cardjax-compile"
+# The default warm-up's longest prompt for methods decoded in chunks (Engine.warmup).
+CHUNKED_WARMUP = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +93,8 @@ class Engine:
     self.slots, self.span_min, self.prefill_rows = slots, span_min, prefill_rows
     self.prefix_page, self._prefixes = prefix_page, None
     self.pools: dict = {}
+    # Compiles a request could wait for (a learned prefix's programs) run here instead.
+    self.compiler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=COMPILE_THREAD)
     self.model = freeze(model)
     self.cfg = model.cfg
     self.tokenizer = tokenizer
@@ -165,6 +174,19 @@ class Engine:
     return Settings(method, float(temperature), float(top_p),
                     None if tau is None else float(tau), int(block), bool(verify), rule, seed)
 
+  def row_methods(self) -> list[Settings]:
+    """The default settings and, where the model serves it and it decodes in rows too, the
+    other of AR and MARS with the server's defaults."""
+    out = [self.default]
+    other = {"ar": "mars", "mars": "ar"}.get(self.default.method)
+    try:
+      s = self._build(other, None, 0, False, "prob") if other else None
+    except CardjaxError:  # e.g. MARS on a model with no [MASK] or an AR-only run
+      s = None
+    if s is not None and self.continuous(s) and self.continuous(self.default):
+      out.append(s)
+    return out
+
   def continuous(self, s: Settings) -> bool:
     """Whether requests with these settings decode in a SlotPool (module docstring)."""
     # A SlotPool lives on one device: a server over a device mesh decodes in chunks.
@@ -193,13 +215,14 @@ class Engine:
     key = s.pool_key()
     if key not in self.pools:
       stop_ids = self.tokenizer.stop_ids
-      if s.ignore_eos:
-        stop_ids = ()
+      if s.ignore_eos:  # ids no token has, as many: the same compiled programs
+        stop_ids = (-1,) * len(stop_ids)
       self.pools[key] = SlotPool(self.model, s.method, slots=self.context(s),
                                  batch_sizes=self.batch_sizes, block=s.block or 4,
                                  rule=s.rule, stop_ids=stop_ids, pad_id=self.tokenizer.pad_id,
                                  bucket=self.width_bucket, span_min=self.span_min,
-                                 prefill_rows=self.prefill_rows, prefixes=self.prefixes())
+                                 prefill_rows=self.prefill_rows, prefixes=self.prefixes(),
+                                 background=self.compiler)
     return self.pools[key]
 
   def prefixes(self):
@@ -208,7 +231,7 @@ class Engine:
     from cardjax.serve.pool.prefixes import PrefixStore
 
     if self._prefixes is None:
-      self._prefixes = PrefixStore(self.model, self.prefix_page)
+      self._prefixes = PrefixStore(self.model, self.prefix_page, background=self.compiler)
       prefix = self.chat_prefix()
       if self.prefix_page and len(prefix) >= self.prefix_page:
         self._prefixes.add(prefix)
@@ -267,27 +290,35 @@ class Engine:
     out.tokens, out.lengths = out.tokens[:rows], out.lengths[:rows]
     return out
 
-  def warmup(self, max_width: int, log=None) -> int:
-    """Compile the default settings' decode calls for every batch size and every prompt
-    width up to `max_width` (rounded up to the bucket) before serving, so the first
-    requests do not wait for compiles. Returns the number of shapes."""
-    bucket = self.width_bucket
-    widths = range(bucket, min(max_width, self.prompt_limit(self.default)) + bucket, bucket)
-    shapes = 0
+  def warmup(self, max_width: int | None = None, log=None) -> int:
+    """Compile the default settings' programs before serving, so that no request waits for
+    a compile: every batch size and prompt width up to `max_width` tokens (None: the
+    longest prompt a request may send). Returns the number of programs."""
+    say = log and (lambda line: log(f"cardjax serve: warm-up: {line}"))
     if self.continuous(self.default):
-      pool = self.pool(self.default)
-      # The prefill for every prefill batch and width, the step for every tier and span
-      # (forwards is static: the served chunk), neither run; the row puts and the gathers
-      # between tiers and spans are small programs, compiled on first use.
-      say = log and (lambda line: log(f"cardjax serve: warm-up: {line}"))
-      # With the chat template's prefix stored, chat prompts prefill what follows it.
-      prefixes = sorted({0} | {len(p) for p in pool.prefixes.entries})
-      return (pool.compile_prefills(widths, prefixes, log=say) +
-              pool.compile_steps(self.chunk, say))
+      # Per pool of rows: the prefill of every prefill batch, width and stored prefix the
+      # server starts with (the chat template's: chat prompts prefill what follows it);
+      # the step, row puts, row release and the gathers between tiers and spans for every
+      # tier and span. The default method's pool and, when the model serves it, the other
+      # of AR and MARS (a request may ask for either).
+      shapes = 0
+      for s in self.row_methods():
+        pool = self.pool(s)
+        prefixes = sorted({0} | {len(p) for p in pool.prefixes.entries})
+        tag = say and (lambda line, m=s.method: say(f"{m} {line}"))
+        shapes += (pool.compile_prefills(max_width, prefixes, log=tag) +
+                   pool.compile_steps(self.chunk, tag))
+      return shapes
+    bucket = self.width_bucket
+    # Decoded in chunks, every bucket is a program of the whole decoder: by default the
+    # widths up to CHUNKED_WARMUP tokens.
+    longest = min(CHUNKED_WARMUP if max_width is None else max_width,
+                  self.prompt_limit(self.default))
+    shapes = 0
     for b in self.batch_sizes:
-      for w in widths:
-        if log:
-          log(f"cardjax serve: warm-up: batch {b}, width {w}")
+      for w in range(bucket, longest + bucket, bucket):
+        if say:
+          say(f"batch {b}, width {w}")
         self.decode(self.default, [[self.tokenizer.pad_id] * w] * b, None, 0)
         shapes += 1
     return shapes

@@ -57,23 +57,42 @@ class Metrics:
                                   "(a chunked call: prefill and decode together)", ["phase"],
                                   registry=r)
     self.compilations = Counter("cardjax_compilations", "XLA compilations in the server "
-                                "process (not programs loaded from the compilation cache); "
-                                "after the warm-up, each one made requests wait", registry=r)
+                                "process outside its background compile thread (not "
+                                "programs loaded from the compilation cache); after the "
+                                "warm-up, each one made requests wait", registry=r)
     self.compile_seconds = Counter("cardjax_compile_seconds", "Seconds spent in those "
                                    "compilations", registry=r)
+    self.background_compilations = Counter(
+        "cardjax_background_compilations", "XLA compilations on the background compile "
+        "thread (a learned prompt prefix's programs): no request waits for them", registry=r)
     self._recent: collections.deque = collections.deque()
     self._lock = threading.Lock()
+    self._listener = None
 
-  def watch_compilations(self) -> None:
-    """Count every XLA compilation of this process from now on (jax.monitoring)."""
+  def watch_compilations(self, background: str = "cardjax-compile") -> None:
+    """Count every XLA compilation of this process from now on (jax.monitoring), those on
+    threads named `background`* counted apart."""
     import jax
 
     def listener(event: str, seconds: float, **_) -> None:
-      if event == COMPILE_EVENT:
+      if event != COMPILE_EVENT:
+        return
+      if threading.current_thread().name.startswith(background):
+        self.background_compilations.inc()
+      else:
         self.compilations.inc()
         self.compile_seconds.inc(seconds)
 
+    self._listener = listener
     jax.monitoring.register_event_duration_secs_listener(listener)
+
+  def unwatch_compilations(self) -> None:
+    """Stop counting (a server that stops; tests that build many servers in a process)."""
+    import jax
+
+    if self._listener is not None:
+      jax.monitoring.unregister_event_duration_listener(self._listener)
+      self._listener = None
 
   def generated(self, tokens: int, row_forwards: int) -> None:
     """One decode chunk's tokens and row-forwards (rows x the chunk's forwards)."""

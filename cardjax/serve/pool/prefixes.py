@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -69,9 +70,12 @@ def common_length(a, b) -> int:
 
 
 class PrefixStore:
-  """Up to `entries` prefixes (token tuples) and their KV caches; page=0 turns it off."""
+  """Up to `entries` prefixes (token tuples) and their KV caches; page=0 turns it off.
+  With `background` (a concurrent.futures executor: a server's) a learned prefix's KV is
+  computed there, its program compiled off the decode thread, and the prefix is found only
+  once it is ready; the store is safe to use from both threads."""
 
-  def __init__(self, model, page: int = PAGE, entries: int = ENTRIES):
+  def __init__(self, model, page: int = PAGE, entries: int = ENTRIES, background=None):
     if page < 0 or entries < 1:
       raise CardjaxError(f"prefix page={page} must be >= 0 (0: off) and entries={entries} "
                          ">= 1")
@@ -79,15 +83,24 @@ class PrefixStore:
     self.entries: collections.OrderedDict = collections.OrderedDict()
     self.last: tuple | None = None  # the previous prompt, to learn a prefix from
     self._kv = jax.jit(functools.partial(_prefix_kv, self.model.graphdef))
+    self.background, self._lock, self._queued = background, threading.RLock(), set()
 
   def find(self, prompt) -> tuple:
     """The longest stored prefix `prompt` continues past (at least one token after it),
     or () when none."""
     best = ()
-    for prefix in self.entries:
-      if len(best) < len(prefix) < len(prompt) and tuple(prompt[:len(prefix)]) == prefix:
-        best = prefix
+    with self._lock:
+      for prefix in self.entries:
+        if len(best) < len(prefix) < len(prompt) and tuple(prompt[:len(prefix)]) == prefix:
+          best = prefix
     return best
+
+  def lookup(self, prompt) -> tuple[tuple, KVCache | None]:
+    """(find(prompt), its KV marked as recently used, or None when none), at once: a
+    background add cannot drop the entry between the two."""
+    with self._lock:
+      prefix = self.find(prompt)
+      return prefix, self.cache(prefix) if prefix else None
 
   def learn(self, prompt) -> None:
     """Remember the prefix `prompt` shares with the previous prompt when no entry covers
@@ -98,21 +111,29 @@ class PrefixStore:
       return
     n = min(common_length(prompt, last), len(prompt) - 1) // self.page * self.page
     if n >= self.page:
-      self.add(prompt[:n])
+      if self.background is None:
+        self.add(prompt[:n])
+      elif prompt[:n] not in self._queued:
+        self._queued.add(prompt[:n])
+        self.background.submit(self.add, prompt[:n])
 
   def add(self, prefix) -> tuple:
     """Compute and keep the KV of `prefix` (the least recently used entry makes room)."""
     prefix = tuple(prefix)
     if prefix not in self.entries:
-      self.entries[prefix] = self._kv(self.model.state, jnp.asarray([prefix], jnp.int32))
-      while len(self.entries) > self.limit:
-        self.entries.popitem(last=False)
+      kv = self._kv(self.model.state, jnp.asarray([prefix], jnp.int32))
+      with self._lock:
+        self.entries[prefix] = kv
+        while len(self.entries) > self.limit:
+          self.entries.popitem(last=False)
+        self._queued.discard(prefix)
     return prefix
 
   def cache(self, prefix: tuple) -> KVCache:
     """The KV of a stored prefix, marked as recently used."""
-    self.entries.move_to_end(prefix)
-    return self.entries[prefix]
+    with self._lock:
+      self.entries.move_to_end(prefix)
+      return self.entries[prefix]
 
   def spec(self, length: int):
     """Shapes of a `length`-token prefix's cache (for ahead-of-time compiles)."""

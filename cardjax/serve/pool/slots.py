@@ -108,13 +108,30 @@ def check_pool_options(span_min: int, prefill_rows: int, prefix_page: int,
     raise CardjaxError(f"{name('prefix_page')}={prefix_page} must be >= 0 (0: no prefix cache)")
 
 
+# The programs that take no model: one jit (and so one cache of compiled shapes) for all.
+_put = jax.jit(programs.put_rows, donate_argnums=(0, 1))
+_gather = jax.jit(programs.gather, static_argnames="span")  # a new shape: no donation
+_release = jax.jit(programs.release_row, donate_argnums=(0, 1))
+
+
+@functools.cache
+def jitted(graphdef):
+  """A model's jitted prefill and step and its ahead-of-time compiled prefills ({(rows,
+  prefix, width, staging shape): program}), one set per model structure."""
+  prefill = jax.jit(functools.partial(programs.prefill, graphdef), donate_argnums=(1,))
+  step = jax.jit(functools.partial(programs.step, graphdef), donate_argnums=(1, 2),
+                 static_argnames=("forwards", "method", "block", "rule", "limit"))
+  return prefill, step, {}
+
+
 class SlotPool:
   """A KV cache of rows that persist across decode calls (see the module docstring)."""
 
   def __init__(self, model, method: str = "ar", *, slots: int, batch_sizes=(1, 4, 16),
                block: int = 4, rule: str = "prob", stop_ids=(), pad_id: int = 0,
                bucket: int = BUCKET, span_min: int = 64, prefill_rows: int = PREFILL_ROWS,
-               prefix_page: int = PAGE, prefixes: PrefixStore | None = None):
+               prefix_page: int = PAGE, prefixes: PrefixStore | None = None,
+               background=None):
     if method not in METHODS:
       raise CardjaxError(f"SlotPool decodes {METHODS}, not {method!r}")
     self.model = freeze(model)
@@ -139,15 +156,15 @@ class SlotPool:
     # Prefill batches: the batch sizes up to prefill_rows (at least the smallest).
     self.prefill_sizes = tuple(b for b in self.batch_sizes if b <= prefill_rows)
     self.prefill_sizes = self.prefill_sizes or self.batch_sizes[:1]
-    self._prefill = jax.jit(functools.partial(programs.prefill, g), donate_argnums=(1,))
-    self._prefills = {}  # (rows, prefix, width) -> the compiled prefill (compile_prefills)
+    # The model's programs, shared by its pools (jitted(): another pool of the same model,
+    # e.g. one whose requests ignore stop tokens, compiles nothing new).
+    self._prefill, self._step, self._compiled = jitted(g)
+    self._prefills = {}  # (rows, prefix, width) -> the compiled prefill this pool ran
     # Stored prefixes (a store shared with the model's other pools, or its own).
-    self.prefixes = prefixes or PrefixStore(self.model, prefix_page)
-    self._put = jax.jit(programs.put_rows, donate_argnums=(0, 1))
-    self._gather = jax.jit(programs.gather, static_argnames="span")  # a new shape: no donation
-    self._release = jax.jit(programs.release_row, donate_argnums=(0, 1))
-    self._step = jax.jit(functools.partial(programs.step, g), donate_argnums=(1, 2),
-                         static_argnames=("forwards", "method", "block", "rule", "limit"))
+    self.prefixes = prefixes or PrefixStore(self.model, prefix_page, background=background)
+    # A server's executor for compiles off the decode thread (`_ready`); None: compile
+    # where a program is first needed.
+    self.background, self._queued = background, set()
     self.owner: list = []  # per row: the caller's key, None when free
     # Host copies of each row's write index, token budget and liveness: what the span
     # needs, without reading the device before every step.
@@ -158,6 +175,9 @@ class SlotPool:
     self.cache = self.rows = None
     # The prefill buffer: each prefill writes its rows here, put_rows copies them out.
     self.staging = self._commit(KVCache.create(cfg, self.prefill_sizes[-1], slots).per_row())
+    # Its shapes, for compiles on another thread while the buffer is donated to a prefill.
+    self._staging_spec = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.staging)
     self._resize(self.batch_sizes[0], [], self.spans[0])
 
   # -- rows ---------------------------------------------------------------------------
@@ -202,7 +222,7 @@ class SlotPool:
       self.flown = np.zeros(tier, np.int64)
       self.live = np.zeros(tier, bool)
       return
-    self.cache, self.rows = self._gather(self.cache, self.rows, jnp.asarray(order, jnp.int32),
+    self.cache, self.rows = _gather(self.cache, self.rows, jnp.asarray(order, jnp.int32),
                                          span=span)
     self.owner = [self.owner[i] if i >= 0 else None for i in order]
     keep = np.asarray(order) >= 0
@@ -246,14 +266,14 @@ class SlotPool:
           log(f"step batch {tier}, span {span}")
         cache, rows = self._empty(tier, span)
         cache, rows, _ = self._call_step(cache, rows, forwards)
-        cache, rows = self._release(cache, rows, np.int32(0))
+        cache, rows = _release(cache, rows, np.int32(0))
         ids = np.full(s, tier, np.int32)  # every id dropped: no row changes
         zeros, ones = np.zeros(s, np.int32), np.ones(s, np.float32)
-        cache, rows = self._put(cache, rows, self.staging, ids, zeros, zeros, ones, zeros,
+        cache, rows = _put(cache, rows, self.staging, ids, zeros, zeros, ones, zeros,
                                 ones, ones, np.zeros(s, np.uint32))
         for other, other_span in ([(t, span) for t in self.batch_sizes if t != tier] +
                                   [(tier, x) for x in self.spans if x != span]):
-          self._gather(cache, rows, jnp.asarray(np.full(other, -1), jnp.int32),
+          _gather(cache, rows, jnp.asarray(np.full(other, -1), jnp.int32),
                        span=other_span)
         n += 3 + len(self.batch_sizes) + len(self.spans) - 2
     return n
@@ -304,10 +324,13 @@ class SlotPool:
     self._fit(self.live_rows() + len(requests))
     for r in requests:  # all first: a batch's first prompt then finds what it shares
       self.prefixes.learn(r[1])
-    shapes = []  # per request: (its stored prefix, the width of what follows)
+    shapes, kv = [], {}  # per request: (its stored prefix, the width of what follows)
     for r in requests:
-      prefix = self.prefixes.find(r[1])
-      shapes.append((prefix, self._width(len(r[1]) - len(prefix), len(prefix))))
+      prefix, kv[prefix] = self.prefixes.lookup(r[1])
+      width = self._width(len(r[1]) - len(prefix), len(prefix))
+      if prefix and not self._ready(len(prefix), width):  # compiling: prefill it all
+        prefix, width = (), self._width(len(r[1]))
+      shapes.append((prefix, width))
     reach = max(len(prefix) + width - 1 for prefix, width in shapes)
     if reach > self.span:  # the prefilled slots must fit the span
       self._resize(self.tier, range(self.tier), self.span_for(reach))
@@ -317,19 +340,44 @@ class SlotPool:
       group = [r for r, shape in zip(requests, shapes) if shape == (prefix, width)]
       for i in range(0, len(group), cap):
         self._prefill_rows(group[i:i + cap], [next(free) for _ in group[i:i + cap]], width,
-                           prefix)
+                           prefix, kv.get(prefix))
     return sum(len(prefix) for prefix, _ in shapes)
 
-  def _width(self, length: int, prefix: int = 0) -> int:
-    """The padded width `length` prompt tokens after a `prefix`-token stored prefix
-    prefill at: their bucket, or the next even width when the bucket's padding would not
-    leave room for a window (2: the prefill reads width - 1 >= 1 tokens)."""
-    width = -(-length // self.bucket) * self.bucket
-    if prefix + width - 1 + self.window > self.slots:
-      width = -(-length // 2) * 2
-    return width
+  def widths(self, prefix: int = 0) -> list[int]:
+    """The padded widths prompts prefill at after a `prefix`-token stored prefix: a ladder
+    of bucket multiples growing by about half (1, 2, 3, 4, 6, 8, 12, ... buckets), so that
+    the programs to compile are a few per prefill batch however long prompts get (a long
+    prompt pads by at most half), up to the widest that leaves room for a window (2 at
+    least: the prefill reads width - 1 >= 1 tokens)."""
+    top = max(self.slots - self.window - prefix + 1, 2)
+    ladder, k = [], 1
+    while k * self.bucket < top:
+      ladder.append(k * self.bucket)
+      k = k + 1 if k < 4 else k // 2 * 3 if k & (k - 1) == 0 else k // 3 * 4
+    return ladder + [top]
 
-  def _prefill_rows(self, requests, rows: list[int], width: int, prefix: tuple = ()) -> None:
+  def _width(self, length: int, prefix: int = 0) -> int:
+    """The width `length` prompt tokens after a `prefix`-token stored prefix prefill at:
+    the narrowest of widths(prefix) that holds them."""
+    return next(w for w in self.widths(prefix) if w >= length)
+
+  def _ready(self, prefix: int, width: int) -> bool:
+    """Whether the prefills after a `prefix`-token stored prefix at `width` are compiled
+    for every prefill batch. In the background mode they are compiled off the decode
+    thread (queued here on first ask), and until then the caller prefills without the
+    prefix: no request waits for a compile."""
+    if self.background is None:
+      return True
+    if all(self._key(rows, prefix, width) in self._compiled for rows in self.prefill_sizes):
+      return True  # by this pool or another of the model's
+    if (prefix, width) not in self._queued:
+      self._queued.add((prefix, width))
+      self.background.submit(lambda: [self.prefill_program(rows, width, prefix)
+                                      for rows in self.prefill_sizes])
+    return False
+
+  def _prefill_rows(self, requests, rows: list[int], width: int, prefix: tuple = (),
+                    kv=None) -> None:
     """One prefill forward of `requests` (at most prefill_rows), which all start with the
     stored `prefix` (or none), into rows `rows`."""
     n, p = len(requests), len(prefix)
@@ -339,7 +387,7 @@ class SlotPool:
                                               bucket=width)
     args = (self.model.state, self.staging, tokens, positions, segments)
     if p:
-      args += (self.prefixes.cache(prefix),)
+      args += (kv,)
     self.staging = self.prefill_program(size, width, p)(*args)
     s = self.staging.index.shape[0]  # staging rows: those past n are not put (dropped ids)
     ids = np.asarray(rows + [self.tier] * (s - n), np.int32)
@@ -349,7 +397,7 @@ class SlotPool:
     tau = np.asarray([r[2] for r in requests] + [1.0] * (s - n), np.float32)
     budget = np.asarray([r[3] for r in requests] + [0] * (s - n), np.int32)
     sampling = [r[4] for r in requests] + [GREEDY] * (s - n)
-    self.cache, self.rows = self._put(
+    self.cache, self.rows = _put(
         self.cache, self.rows, self.staging, ids, last, length, tau, budget,
         np.asarray([x.temperature for x in sampling], np.float32),
         np.asarray([x.top_p for x in sampling], np.float32),
@@ -364,23 +412,34 @@ class SlotPool:
     tokens (0: none), compiled on first use (the compiled program is kept here: a jitted
     call would not reuse an ahead-of-time compile)."""
     if (rows, prefix, width) not in self._prefills:
-      spec = jax.ShapeDtypeStruct((rows, width), jnp.int32)
-      args = (self.model.state, self.staging, spec, spec, spec)
-      if prefix:
-        args += (self.prefixes.spec(prefix),)
-      self._prefills[rows, prefix, width] = self._prefill.lower(*args).compile()
+      key = self._key(rows, prefix, width)
+      if key not in self._compiled:  # the model's other pools may have compiled it
+        spec = jax.ShapeDtypeStruct((rows, width), jnp.int32)
+        args = (self.model.state, self._staging_spec, spec, spec, spec)
+        if prefix:
+          args += (self.prefixes.spec(prefix),)
+        self._compiled[key] = self._prefill.lower(*args).compile()
+      self._prefills[rows, prefix, width] = self._compiled[key]
     return self._prefills[rows, prefix, width]
 
-  def compile_prefills(self, widths, prefixes=(0,), log=None) -> int:
-    """Compile the prefill of every prefill batch size, width in `widths` (bucket
-    multiples) and stored prefix length in `prefixes` before serving, without running
-    one. Returns the number of programs."""
+  def _key(self, rows: int, prefix: int, width: int) -> tuple:
+    """A prefill program's key among the model's compiled ones (jitted())."""
+    return (rows, prefix, width, self._staging_spec.k.shape, self._staging_spec.k.dtype)
+
+  def compile_prefills(self, max_width: int | None = None, prefixes=(0,), log=None) -> int:
+    """Compile, before serving and without running one, the prefill of every prefill batch
+    size, stored prefix length in `prefixes` and width (widths()) that a prompt of up to
+    `max_width` tokens (None: the longest a row takes) prefills at. Returns the number of
+    programs."""
     n = 0
+    longest = self.prompt_limit() if max_width is None else min(max_width,
+                                                                  self.prompt_limit())
     for p in prefixes:
+      if p + 1 > self.prompt_limit():
+        continue
+      needed = self._width(max(longest - p, 1), p)
       for rows in self.prefill_sizes:
-        for width in widths:
-          if p + width - 1 + self.window > self.slots:
-            continue
+        for width in [w for w in self.widths(p) if w <= needed]:
           if log:
             log(f"prefill batch {rows}, width {width}" + (f" after {p} cached" if p else ""))
           self.prefill_program(rows, width, p)
@@ -392,7 +451,7 @@ class SlotPool:
     no longer need is given up at the next launch."""
     row = self.owner.index(key)
     self.owner[row] = None
-    self.cache, self.rows = self._release(self.cache, self.rows, np.int32(row))
+    self.cache, self.rows = _release(self.cache, self.rows, np.int32(row))
     self.index[row], self.live[row], self.flown[row] = 0, False, 0
 
   def busy(self) -> bool:
