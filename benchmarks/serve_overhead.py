@@ -13,14 +13,16 @@ MARS at tau 0.6 accepts runs of 1..B tokens as a trained model does) and a byte-
 checkpoint serves AR and MARS (--checkpoint: another run instead).
 
 Server: for each method a `cardjax serve --method M` subprocess on a free loopback port,
---batch-sizes 1,4,16,64, --chunk 16 forwards a step, --slots 256, --warmup-width 32, tau
-0.6, everything else at its default (continuous batching, spans from 64, the shared-prefix
-cache, --admit-wait 0.1). A level is C client threads, each sending its requests to
-/v1/completions one after another (closed loop): prompts of 24 random token ids (every
-request its own), greedy, ignore_eos, so every request writes exactly --max-tokens tokens;
---requests per client, by default 256 a level and at least 8 a client (64 clients: 512).
-Each level first runs once with one request per client, unrecorded (what the server
-compiles on first use: row puts, the gathers between tiers and spans). server_tokens_per_s
+--batch-sizes 1,4,16,64, --chunk 16 forwards a step, --slots 256, tau 0.6, everything else
+at its default (its warm-up of every prompt width, continuous batching with overlap, spans
+from 64, the shared-prefix cache, --admit-wait 0.1; --server-flags adds flags). A level is C
+client threads, each sending its requests to /v1/completions one after another (closed
+loop): prompts of 24 random token ids (every request its own), greedy, ignore_eos, so every
+request writes exactly --max-tokens tokens; --requests per client, by default 256 a level
+and at least 8 a client (64 clients: 512). Each level first runs once with one request per
+client (first_burst_tokens_per_s: its rate, not in the ratio; the bare loop's warm pass
+too), and reports the server's compilations after its warm-up so far
+(compilations_after_warmup, /metrics: 0 when no request waited for one). server_tokens_per_s
 is the level's tokens over its wall time (its ramp up and down included), beside the steady
 rate (serve.py's steady_rate: while every client had a request out); rows_per_step is the
 mean requests per decode step the server reports (/metrics: cardjax_batch_rows).
@@ -87,7 +89,7 @@ from cardjax.serve.metrics import scrape
 
 PROMPT_LEN = 24  # one prompt width bucket (32): every level prefills the same shape
 BLOCK, TAU = 4, 0.6
-WIDTH = 32  # --warmup-width: the prompts' padded width
+WIDTH = 32  # --width-bucket (the default): the prompts' padded width
 DEFAULT = dict(methods="ar,mars", levels="1,4,16,64", batch_sizes="1,4,16,64", slots=256,
                requests_per_level=256)
 QUICK = dict(methods="ar", levels="1,4", batch_sizes="1,4", slots=64, requests_per_level=8)
@@ -157,7 +159,7 @@ class Server:
     cmd = [sys.executable, "-m", "cardjax.cli", "serve", "--checkpoint", str(run), "--port",
            str(port), "--method", method, "--model-name", "bench", "--batch-sizes",
            args.batch_sizes, "--chunk", str(args.chunk), "--slots", str(args.slots),
-           "--warmup-width", str(WIDTH), "--tau", str(TAU), "--compilation-cache", str(cache),
+           "--width-bucket", str(WIDTH), "--tau", str(TAU), "--compilation-cache", str(cache),
            *shlex.split(args.server_flags)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     # A test runner's simulated host devices would give the server a mesh, and a server
@@ -418,7 +420,7 @@ def main(argv: list[str] | None = None) -> None:
         seed = 1000 * clients + (i + 1)
         warm = prompts(clients, vocab, seed)  # one request a client, unrecorded
         level = prompts(clients * n, vocab, seed + 500)
-        server_level(server.url, name, [[p] for p in warm], args.max_tokens)
+        first = server_level(server.url, name, [[p] for p in warm], args.max_tokens)
         bare_level(pool, warm, clients, args.max_tokens, args.chunk, tau)
         served, bare = [], []
         for _ in range(repeats):  # in turn: a slow spell of a shared machine hits both
@@ -432,6 +434,9 @@ def main(argv: list[str] | None = None) -> None:
                "server_tokens_per_s_each": [r["server_tokens_per_s"] for r in served],
                "bare_tokens_per_s_each": [r["bare_tokens_per_s"] for r in bare]}
         row["ratio"] = row["server_tokens_per_s"] / row["bare_tokens_per_s"]
+        row["first_burst_tokens_per_s"] = first["server_tokens_per_s"]
+        row["compilations_after_warmup"] = scrape(server.url).get(
+            "cardjax_compilations_total", 0.0)
         row["rows_per_step"] = row["server_rows_per_step"] or row["bare_rows_per_step"]
         report["levels"].append(row)
         print(json.dumps(row), flush=True)

@@ -17,10 +17,14 @@ and only then reads step k's packed results, delivers them and frees the rows th
 so delivery, stop strings and the next round's admission run while the device computes.
 The host plans step k+1 without step k's results: the pool's host mirror of each row's
 index and budget bounds what both steps can write. A row that ended in step k is known
-free only after step k+1 was launched, so it rejoins at step k+2 (a small `chunk` keeps that
-step short); a client that leaves while its row's step is in flight gets its row freed at
-once and that step's tokens for it are dropped. Without overlap (--no-overlap) a round
-launches and reads its own step: the same tokens, in the same steps per request.
+free only after step k+1 was launched, so it would rejoin at step k+2; hence a round
+whose step in flight may end a row by its token budget (its forwards can commit that many
+tokens: AR one a forward, MARS up to B) reads that step first and launches the next one
+round later, with the freed rows refilled. Overlap thus runs in the middle of requests,
+and a request that ends at a stop token costs its row a step. A client that leaves while its row's step is in flight gets
+its row freed at once and that step's tokens for it are dropped. Without overlap
+(--no-overlap) a round launches and reads its own step; a request gets the same tokens
+either way.
 
 After a round that freed rows while others decode on, the thread waits a little
 (`admit_wait` of a step's time) for new requests to fill them, since closed-loop clients
@@ -112,7 +116,7 @@ class Scheduler:
     self.admit_wait = check_admit_wait(admit_wait)
     self.overlap = overlap
     self.flights: dict[tuple, object] = {}  # pool key -> its launched, unread step
-    self._read: dict[tuple, float | None] = {}  # pool key -> when its last step was read
+    self._last_read: dict[tuple, float | None] = {}  # pool key -> when its last step was read
     self.max_batch = max(engine.batch_sizes)
     self.pool: list[Job] = []
     self.cond = threading.Condition()
@@ -222,10 +226,17 @@ class Scheduler:
   def _step(self, jobs: list[Job], waiting: int) -> None:
     """One round of a SlotPool: admit the group's waiting requests into free rows, launch
     a step for every live row, then read and deliver the step launched the round before
-    (with overlap; without it, this round's own step)."""
+    (with overlap; without it, this round's own step). When a row ends in the step in
+    flight, the round only reads that step (the next round admits and launches)."""
     s = jobs[0].settings
     key = s.pool_key()
     pool = self.engine.pool(s)
+    started = time.monotonic()
+    previous = self.flights.pop(key, None)
+    if previous is not None and pool.may_end_in_flight():
+      # A row may end in the step in flight: read it before launching the next, so that
+      # the requests waiting for rows (its client's next among them) join that next step.
+      return self._read(jobs, pool, previous, None, started)
     admits = [j for j in jobs if not j.admitted][:pool.capacity() - pool.live_rows()]
     taus = []
     for job in admits:
@@ -249,20 +260,25 @@ class Scheduler:
     # Only while a row may still decode: one whose budget the step in flight covers has
     # ended, though the host reads that only at its collect.
     flight = pool.launch(self.engine.chunk) if pool.busy() else None
-    previous = self.flights.pop(key, None)
     if not self.overlap:
       previous, flight = flight, None
     if flight is not None:
       self.flights[key] = flight
-    if previous is None:
-      return  # the first step after an idle spell: its tokens are read next round
+    if previous is not None:  # else the first step after an idle spell: read next round
+      self._read(jobs, pool, previous, flight, started)
+
+  def _read(self, jobs: list[Job], pool, previous, flight, started: float) -> None:
+    """Read a launched step (`previous`), deliver its tokens, free the rows that ended and
+    wait a little for new requests (`flight`: the step launched since, or None)."""
+    s = jobs[0].settings
+    key = s.pool_key()
     new, ended, forwards = pool.collect(previous)
     now = time.monotonic()
     self.metrics.thread_seconds.labels("step").inc(now - started)
     # The device's time per step: between two reads while steps queue back to back.
-    last = self._read.get(key)
+    last = self._last_read.get(key)
     step_s = now - last if last is not None else now - started
-    self._read[key] = now if flight is not None else None
+    self._last_read[key] = now if flight is not None else None
     stop_ids = set() if s.ignore_eos else set(self.engine.tokenizer.stop_ids)
     # Before any delivery: a client that reads /metrics after its answer sees this step.
     if new:  # a step whose rows had all ended before it (a stop token) ran no forward

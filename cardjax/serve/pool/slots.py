@@ -460,6 +460,13 @@ class SlotPool:
     least one token a forward, so a row whose budget those forwards cover has ended)."""
     return bool(np.any(self.live & (self.budget > self.flown)))
 
+  def may_end_in_flight(self) -> bool:
+    """Whether a step in flight may end a row by its token budget: the forwards in flight
+    for it can commit that many tokens (AR: one a forward, so the row ends for sure; MARS:
+    up to B). A stop token can end a row too, which the host cannot foresee."""
+    reach = self.flown * self.stride
+    return bool(np.any(self.live & (self.flown > 0) & (self.budget <= reach)))
+
   def launch(self, forwards: int) -> "Flight":
     """Dispatch a step of up to `forwards` forwards for the live rows and return at once,
     the results still on their way (`collect` reads them). Steps already in flight count
