@@ -21,10 +21,10 @@ free only after step k+1 was launched, so it would rejoin at step k+2; hence a r
 whose step in flight may end a row by its token budget (its forwards can commit that many
 tokens: AR one a forward, MARS up to B) reads that step first and launches the next one
 round later, with the freed rows refilled. Overlap thus runs in the middle of requests,
-and a request that ends at a stop token costs its row a step. A client that leaves while its row's step is in flight gets
-its row freed at once and that step's tokens for it are dropped. Without overlap
-(--no-overlap) a round launches and reads its own step; a request gets the same tokens
-either way.
+and a request that ends at a stop token costs its row a step. A client that leaves while
+its row's step is in flight gets its row freed at once and that step's tokens for it are
+dropped. Without overlap (--no-overlap) a round launches and reads its own step; a
+request gets the same tokens either way.
 
 After a round that freed rows while others decode on, the thread waits a little
 (`admit_wait` of a step's time) for new requests to fill them, since closed-loop clients
