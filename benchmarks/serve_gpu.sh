@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The serving load test on an accelerator, as one device call:
 #
-#   benchmarks/serve_gpu.sh OUT [benchmarks/serve.py flags]
+#   benchmarks/serve_gpu.sh OUT [benchmarks/serve_overhead.py flags]
 #
 # The model is SmolLM2-135M-Instruct's shape with random weights: the real weights (98 MB as
 # GGUF, 540 MB in fp32) do not fit the 64 MiB a device call carries, and with ignore_eos
@@ -9,15 +9,19 @@
 # weights (MARS's tokens per forward does: its rows would say nothing here). Carry
 # runs/smollm2/base/hf_assets (the tokenizer and chat template, 3.4 MB, from `make
 # smollm2`) and .whl/ (`make bench-wheels`: the serving stack's wheels for Python 3.12).
-# Sets up like attention_gpu.sh (benchmarks/device_setup.sh), writes the random-init
-# checkpoint with `cardjax init`, then runs benchmarks/serve.py: AR, continuous batching,
-# 1, 4, 16, 64 clients, the defaults against --prefix-page 0 and --admit-wait 0 (the
-# issue's target: 16 clients >= 4x one client; `--variants '|--prefix-page 0'` after OUT
-# runs fewer servers). The table and results.json go to OUT; the run stops itself
-# within ~9 minutes.
+# Sets up like attention_gpu.sh (benchmarks/device_setup.sh) and writes the random-init
+# checkpoint with `cardjax init`. Then, within ~9 minutes in all:
+#   1. benchmarks/serve_overhead.py (AR; 1, 4, 16, 64 clients; 32 tokens a request): the
+#      server against a bare loop of its own compiled step, first and cached warm-up,
+#      first-burst rates and compilations after the warm-up -> OUT/overhead.json
+#   2. the same at 1 and 64 clients with --no-overlap -> OUT/overhead_no_overlap.json
+#   3. while time remains, benchmarks/serve.py's load test (the defaults and
+#      --prefix-page 0) -> OUT/results.json
+# The targets: at least 3x 4508 tokens/s at 64 clients (the first H200 run) and at most
+# 0.7 ms a token at 1 client. Flags after OUT go to serve_overhead.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: benchmarks/serve_gpu.sh OUT [serve.py flags]}
+out=${1:?usage: benchmarks/serve_gpu.sh OUT [serve_overhead.py flags]}
 shift
 mkdir -p "$out"
 # Compiled programs stay on the device machine, not in OUT (which comes back).
@@ -28,8 +32,16 @@ tokenizer=${CARDJAX_TOKENIZER:-runs/smollm2/base/hf_assets}
 run=${CARDJAX_SERVE_RUN:-/tmp/cardjax-serve-init}
 [ -d "$run/checkpoints" ] || python3 -m cardjax.cli init --config configs/smollm2_135m.py:mars \
   --workdir "$run" --config.data.tokenizer="$tokenizer" || exit 1
-timeout -k 10 500 python3 -m benchmarks.serve --checkpoint "$run" --methods ar \
-  --levels 1,4,16,64 --requests 4 --max-tokens 32 --batch-sizes 1,4,16,64 --chunk 16 \
-  --warmup-width 64 --slots 256 --warm-levels --variants "|--prefix-page 0|--admit-wait 0" --out "$out" \
-  "$@" 2>&1 | tee "$out/serve.log"
-exit "${PIPESTATUS[0]}"
+log=$out/serve.log
+timeout -k 10 270 python3 -m benchmarks.serve_overhead --checkpoint "$run" --methods ar \
+  --levels 1,4,16,64 --repeats 2 --out /tmp/cardjax-serve-overhead \
+  --json "$out/overhead.json" "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+timeout -k 10 120 python3 -m benchmarks.serve_overhead --checkpoint "$run" --methods ar \
+  --levels 1,64 --repeats 1 --out /tmp/cardjax-serve-overhead \
+  --server-flags=--no-overlap --json "$out/overhead_no_overlap.json" "$@" 2>&1 | tee -a "$log"
+timeout -k 10 120 python3 -m benchmarks.serve --checkpoint "$run" --methods ar \
+  --levels 1,16,64 --requests 4 --max-tokens 32 --batch-sizes 1,4,16,64 --chunk 16 \
+  --warmup-width 64 --slots 256 --warm-levels --variants "|--prefix-page 0" --out "$out" \
+  2>&1 | tee -a "$log"
+exit "$status"

@@ -390,13 +390,22 @@ def main(argv: list[str] | None = None) -> None:
   info = announce(f"cardjax serve against its bare decode step, {args.max_tokens} tokens a "
                   f"request (ignore_eos), chunk {args.chunk}, batch sizes {args.batch_sizes}, "
                   f"{args.slots} slots, prompts of {PROMPT_LEN} ids")
+  import jax
+
+  from cardjax.serve.cli import served_dtype
+
+  # The servers' dtype (--dtype auto: bf16 on an accelerator), or --server-flags' one.
+  flags = shlex.split(args.server_flags)
+  choice = flags[flags.index("--dtype") + 1] if "--dtype" in flags[:-1] else "auto"
+  dtype = served_dtype(choice, jax.default_backend())
   engine = Engine.load(str(run), name="bench", tau=TAU, chunk=args.chunk,
                        batch_sizes=tuple(sizes), width_bucket=WIDTH, slots=args.slots,
-                       max_tokens=args.max_tokens)
+                       max_tokens=args.max_tokens, dtype=dtype)
   vocab = engine.tokenizer.vocab_size
   report = {"levels": [], "warmup_first_s": None, "warmup_cached_s": None, "machine": info,
             "warmup": {}, "checkpoint": str(run),
-            "settings": {"max_tokens": args.max_tokens, "chunk": args.chunk,
+            "settings": {"max_tokens": args.max_tokens, "chunk": args.chunk, "dtype": dtype,
+                         "server_flags": args.server_flags,
                          "batch_sizes": sizes, "slots": args.slots, "prompt_len": PROMPT_LEN,
                          "tau": TAU, "block": BLOCK, "repeats": repeats,
                          "quick": args.quick}}

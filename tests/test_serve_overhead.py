@@ -34,5 +34,7 @@ def test_quick_run_writes_a_level_per_client_count(tmp_path):
     for key in LEVEL_KEYS - {"method", "clients"}:
       assert math.isfinite(r[key]) and r[key] > 0, (r["clients"], key, r[key])
     assert r["rows_per_step"] <= r["clients"]
+    assert r["first_burst_tokens_per_s"] > 0
+    assert r["compilations_after_warmup"] == 0  # the default warm-up left nothing to compile
   assert levels[0]["rows_per_step"] == 1  # one client: one row a step
   assert "| ar | 4 |" in done.stdout
