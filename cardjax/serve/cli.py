@@ -106,6 +106,11 @@ def add_arguments(p) -> None:
   p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                  help="the weights' and activations' dtype: auto is bfloat16 on a GPU or TPU "
                       "(a decoding forward reads half the bytes) and float32 on a CPU")
+  p.add_argument("--scan-layers", default="auto", choices=("auto", "on", "off"),
+                 help="serve with the layers in one scanned block (on) or unrolled (off), "
+                      "whatever the checkpoint's layout: scanned, each program compiles one "
+                      "block instead of one per layer; auto is on on a GPU or TPU, where a "
+                      "warm-up compiles hundreds of slow programs, and off on a CPU")
   p.add_argument("--compilation-cache", default=default_compilation_cache(),
                  help="keep compiled programs in this folder, so a restart on this machine "
                       "loads them instead of compiling again (default: "
@@ -150,6 +155,14 @@ def served_dtype(choice: str, backend: str) -> str:
   return "bfloat16" if backend in ("gpu", "tpu", "cuda", "rocm") else "float32"
 
 
+def served_scan(choice: str, backend: str) -> bool:
+  """--scan-layers: auto scans on accelerators, where each of a warm-up's programs compiles
+  slowly, and unrolls on a CPU (docs/serving.md has the measured costs)."""
+  if choice != "auto":
+    return choice == "on"
+  return backend in ("gpu", "tpu", "cuda", "rocm")
+
+
 def run(args) -> None:
   import jax
   import uvicorn
@@ -178,8 +191,9 @@ def run(args) -> None:
   tau = TauControl(args.tau, args.target_latency_ms, args.tau_min, args.tau_max)
   mesh = make_mesh(1, -1, 1) if jax.device_count() > 1 else None
   dtype = served_dtype(args.dtype, jax.default_backend())
+  scan = served_scan(args.scan_layers, jax.default_backend())
   engine = Engine.load(args.checkpoint, tokenizer=args.tokenizer, objective=args.objective,
-                       dtype=dtype,
+                       dtype=dtype, scan_layers=scan,
                        name=args.model_name, mesh=mesh, method=args.method, tau=tau.tau,
                        block=args.block, verify=args.verify, rule=args.rule,
                        chunk=args.chunk, batch_sizes=sizes, width_bucket=args.width_bucket,

@@ -113,17 +113,24 @@ class Engine:
 
   @classmethod
   def load(cls, checkpoint: str, tokenizer: str = "", objective: str = "", name: str = "",
-           mesh=None, dtype: str = "", **kwargs) -> "Engine":
+           mesh=None, dtype: str = "", scan_layers: bool | None = None,
+           **kwargs) -> "Engine":
     """Restore as `cardjax generate` does (cardjax.restore.load_run): the run's objective
     decides the methods; the model's name is the run folder's. `dtype`: serve in it
-    (weights and compute; "" as saved)."""
+    (weights and compute; "" as saved); `scan_layers`: serve with the layers scanned (True)
+    or unrolled (False), whatever layout was saved (None: as saved)."""
     from cardjax.restore import load_run
 
     run = load_run(checkpoint, mesh=mesh, tokenizer=tokenizer, objective=objective,
                    dtype=dtype)
+    model = run.model
+    if scan_layers is not None and model.cfg.scan_layers != scan_layers:
+      from cardjax.model.layout import with_layout
+
+      model = with_layout(model, scan_layers)  # compile one block, not one per layer
     root = run.root
     name = name or (root.parent.name if root.name == "checkpoints" else root.name)
-    return cls(run.model, run.tokenizer, run.objective, run.run_config, name, mesh=mesh,
+    return cls(model, run.tokenizer, run.objective, run.run_config, name, mesh=mesh,
                **kwargs)
 
   def settings(self, ext: dict, temperature: float = 0.0, top_p: float = 1.0,
