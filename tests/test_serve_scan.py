@@ -31,3 +31,15 @@ def test_a_scanned_pool_decodes_the_unrolled_pools_tokens(tmp_path):
       got[scan, method] = tokens
   assert got[True, "ar"] == got[False, "ar"] and got[True, "mars"] == got[False, "mars"]
   assert all(len(t) == 12 for t in got[True, "ar"].values())
+
+
+def test_forwards_per_check_defaults_and_checks():
+  import pytest
+
+  from cardjax.errors import CardjaxError
+  from cardjax.serve.cli import forwards_per_check
+
+  assert forwards_per_check("auto", "gpu") == 4 and forwards_per_check("auto", "cpu") == 1
+  assert forwards_per_check("2", "cpu") == 2
+  with pytest.raises(CardjaxError, match="positive integer"):
+    forwards_per_check("0", "gpu")

@@ -268,3 +268,25 @@ def test_a_row_released_while_its_step_runs_is_left_out_and_refilled():
   new, ended, _ = pool.collect(second)
   assert new["new"] == ar.generate(model, [PROMPTS[1]], N).rows()[0]
   assert ended == {"new": "budget"}
+
+
+@pytest.mark.parametrize("method", ["ar", "mars"])
+def test_several_forwards_per_loop_test_give_the_same_tokens(method):
+  """unroll=3: the step's loop tests whether a row is live every third forward (a host
+  round trip each on a GPU); rows that stop in between (budgets 4, 5, 7, 9) commit
+  nothing more, and a step of 4 forwards runs 6."""
+  model = tiny_model()
+  kw = dict(block=3) if method == "mars" else {}
+  got = {}
+  for unroll in (1, 3):
+    pool = SlotPool(model, method, slots=64, batch_sizes=(4,), unroll=unroll, **kw)
+    assert pool.whole(4) == (4 if unroll == 1 else 6)
+    pool.admit_many((i, PROMPTS[i], 0.6, n) for i, n in enumerate((4, 5, 7, 9)))
+    tokens = {i: [] for i in range(4)}
+    while pool.busy():
+      for key, new in pool.step(4)[0].items():
+        tokens[key] += new
+    got[unroll] = tokens
+  assert got[1] == got[3] and [len(t) for t in got[3].values()] == [4, 5, 7, 9]
+  with pytest.raises(CardjaxError, match="unroll=0"):
+    SlotPool(model, method, slots=64, unroll=0, **kw)

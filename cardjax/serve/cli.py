@@ -106,6 +106,11 @@ def add_arguments(p) -> None:
   p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                  help="the weights' and activations' dtype: auto is bfloat16 on a GPU or TPU "
                       "(a decoding forward reads half the bytes) and float32 on a CPU")
+  p.add_argument("--forwards-per-check", default="auto",
+                 help="AR and MARS: forwards a step runs between two tests of whether any "
+                      "row is still live (each test is a round trip to the host on a GPU); "
+                      "a row that stops sooner idles through the rest. auto: 4 on a GPU or "
+                      "TPU, 1 on a CPU")
   p.add_argument("--scan-layers", default="auto", choices=("auto", "on", "off"),
                  help="serve with the layers in one scanned block (on) or unrolled (off), "
                       "whatever the checkpoint's layout: scanned, each program compiles one "
@@ -155,6 +160,17 @@ def served_dtype(choice: str, backend: str) -> str:
   return "bfloat16" if backend in ("gpu", "tpu", "cuda", "rocm") else "float32"
 
 
+def forwards_per_check(choice: str, backend: str) -> int:
+  """--forwards-per-check: auto is 4 on accelerators, where testing the step loop's
+  condition reads a flag back to the host, and 1 on a CPU, where it costs nothing and
+  every extra forward of a stopped row is paid in full."""
+  if choice == "auto":
+    return 4 if backend in ("gpu", "tpu", "cuda", "rocm") else 1
+  if not choice.isdigit() or int(choice) < 1:
+    raise CardjaxError(f"--forwards-per-check={choice} must be auto or a positive integer")
+  return int(choice)
+
+
 def served_scan(choice: str, backend: str) -> bool:
   """--scan-layers: auto scans on accelerators, where each of a warm-up's programs compiles
   slowly, and unrolls on a CPU (docs/serving.md has the measured costs)."""
@@ -192,13 +208,15 @@ def run(args) -> None:
   mesh = make_mesh(1, -1, 1) if jax.device_count() > 1 else None
   dtype = served_dtype(args.dtype, jax.default_backend())
   scan = served_scan(args.scan_layers, jax.default_backend())
+  unroll = forwards_per_check(args.forwards_per_check, jax.default_backend())
   engine = Engine.load(args.checkpoint, tokenizer=args.tokenizer, objective=args.objective,
                        dtype=dtype, scan_layers=scan,
                        name=args.model_name, mesh=mesh, method=args.method, tau=tau.tau,
                        block=args.block, verify=args.verify, rule=args.rule,
                        chunk=args.chunk, batch_sizes=sizes, width_bucket=args.width_bucket,
                        max_tokens=args.max_tokens, slots=args.slots, span_min=args.span_min,
-                       prefill_rows=args.prefill_rows, prefix_page=args.prefix_page)
+                       prefill_rows=args.prefill_rows, prefix_page=args.prefix_page,
+                       unroll=unroll)
   if args.warmup_width != 0:
     start = time.perf_counter()
     shapes = engine.warmup(None if args.warmup_width < 0 else args.warmup_width,

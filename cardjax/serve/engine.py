@@ -69,7 +69,7 @@ class Engine:
                rule: str = "prob", chunk: int = 16, batch_sizes=(1, 4, 16),
                width_bucket: int = 32, max_tokens: int = 64, mesh=None, slots: int = 512,
                span_min: int = 64, prefill_rows: int | None = None,
-               prefix_page: int | None = None):
+               prefix_page: int | None = None, unroll: int = 1):
     from cardjax.decoding.cli import resolve_block
     from cardjax.decoding.frozen import freeze
     from cardjax.serve.pool.prefixes import PAGE
@@ -79,6 +79,9 @@ class Engine:
     prefill_rows = PREFILL_ROWS if prefill_rows is None else prefill_rows
     prefix_page = PAGE if prefix_page is None else prefix_page
 
+    if unroll < 1:
+      raise CardjaxError(f"--forwards-per-check={unroll} must be >= 1")
+    self.unroll = unroll
     if chunk < 1:
       raise CardjaxError(f"--chunk={chunk} must be >= 1 (new tokens per row per decode call)")
     if not batch_sizes or min(batch_sizes) < 1:
@@ -229,7 +232,7 @@ class Engine:
                                  rule=s.rule, stop_ids=stop_ids, pad_id=self.tokenizer.pad_id,
                                  bucket=self.width_bucket, span_min=self.span_min,
                                  prefill_rows=self.prefill_rows, prefixes=self.prefixes(),
-                                 background=self.compiler)
+                                 background=self.compiler, unroll=self.unroll)
     return self.pools[key]
 
   def prefixes(self):

@@ -143,10 +143,11 @@ def gather(cache: KVCache, rows: Rows, order, *, span: int):
 
 
 def step(graphdef, params, cache: KVCache, rows: Rows, stop_ids, pad_id, mask_id, *,
-         forwards: int, method: str, block: int, rule: str, limit: int):
+         forwards: int, method: str, block: int, rule: str, limit: int, unroll: int = 1):
   """Up to `forwards` forwards for every live row; a row stops when its next window would
   pass `limit` slots (the pool's, not the span's: the caller makes the span hold every slot
-  this step writes). Returns (cache, rows, packed): `packed` [rows, forwards * max(B, 1) +
+  this step writes; `forwards` a multiple of `unroll`, the forwards per test of the loop's
+  condition). Returns (cache, rows, packed): `packed` [rows, forwards * max(B, 1) +
   5] int32 holds the new tokens and each row's count, forwards used, liveness, budget and
   write index after the step (`unpack`). One array that is not part of the donated state:
   the host reads it while the next step, already dispatched, consumes the state."""
@@ -208,7 +209,16 @@ def step(graphdef, params, cache: KVCache, rows: Rows, stop_ids, pad_id, mask_id
     used = used + (k > 0).astype(jnp.int32)
     return cache, rows, out, count + k, n + 1, used
 
-  body = ar_body if method == "ar" else mars_body
+  one = ar_body if method == "ar" else mars_body
+
+  def body(carry):
+    # `unroll` forwards per test of the loop's condition: on a GPU each test is a round
+    # trip to the host. A row that stops within them commits nothing in the rest (its
+    # live flag gates every commit), so the tokens do not change.
+    for _ in range(unroll):
+      carry = one(carry)
+    return carry
+
   cache, rows, out, count, _, used = jax.lax.while_loop(
       cond, body, (cache, rows, out, count, jnp.int32(0), jnp.zeros((b,), jnp.int32)))
   tail = jnp.stack([count, used, rows.live.astype(jnp.int32), rows.budget, cache.index], 1)

@@ -120,7 +120,7 @@ def jitted(graphdef):
   prefix, width, staging shape): program}), one set per model structure."""
   prefill = jax.jit(functools.partial(programs.prefill, graphdef), donate_argnums=(1,))
   step = jax.jit(functools.partial(programs.step, graphdef), donate_argnums=(1, 2),
-                 static_argnames=("forwards", "method", "block", "rule", "limit"))
+                 static_argnames=("forwards", "method", "block", "rule", "limit", "unroll"))
   return prefill, step, {}
 
 
@@ -131,7 +131,7 @@ class SlotPool:
                block: int = 4, rule: str = "prob", stop_ids=(), pad_id: int = 0,
                bucket: int = BUCKET, span_min: int = 64, prefill_rows: int = PREFILL_ROWS,
                prefix_page: int = PAGE, prefixes: PrefixStore | None = None,
-               background=None):
+               background=None, unroll: int = 1):
     if method not in METHODS:
       raise CardjaxError(f"SlotPool decodes {METHODS}, not {method!r}")
     self.model = freeze(model)
@@ -139,6 +139,9 @@ class SlotPool:
     if method == "mars":
       check_args(0.5, block, cfg.mask_token_id, rule)
     self.method, self.rule = method, rule
+    if unroll < 1:
+      raise CardjaxError(f"unroll={unroll} must be >= 1 (forwards per test of a step's loop)")
+    self.unroll = unroll
     self.block = block if method == "mars" else 0
     self.window = 1 if method == "ar" else 2 * block
     self.stride = 1 if method == "ar" else block  # the most a row's index moves a forward
@@ -278,11 +281,16 @@ class SlotPool:
         n += 3 + len(self.batch_sizes) + len(self.spans) - 2
     return n
 
+  def whole(self, forwards: int) -> int:
+    """`forwards` rounded up to a multiple of `unroll`: what a step of them runs at most."""
+    return -(-forwards // self.unroll) * self.unroll
+
   def _call_step(self, cache, rows, forwards):
     return self._step(
         self.model.state, cache, rows, self.stop_ids, np.int32(self.pad_id),
-        np.int32(self.model.cfg.mask_token_id), forwards=forwards, method=self.method,
-        block=self.block, rule=self.rule, limit=self.slots)
+        np.int32(self.model.cfg.mask_token_id), forwards=self.whole(forwards),
+        method=self.method, block=self.block, rule=self.rule, limit=self.slots,
+        unroll=self.unroll)
 
   def _fit(self, need: int) -> None:
     """The smallest tier holding `need` rows, the live rows moved to its first rows."""
@@ -476,6 +484,7 @@ class SlotPool:
     live = self.live_rows()
     if next(b for b in self.batch_sizes if b >= max(live, 1)) < self.tier:
       self._fit(live)
+    forwards = self.whole(forwards)
     span = self.span_for(self.reach(forwards))
     if span != self.span:
       self._resize(self.tier, range(self.tier), span)
