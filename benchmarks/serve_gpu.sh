@@ -33,13 +33,16 @@ run=${CARDJAX_SERVE_RUN:-/tmp/cardjax-serve-init}
 [ -d "$run/checkpoints" ] || python3 -m cardjax.cli init --config configs/smollm2_135m.py:mars \
   --workdir "$run" --config.data.tokenizer="$tokenizer" || exit 1
 log=$out/serve.log
+# Prompts of 24 tokens: a warm-up to width 64 covers them (the default, every width up to
+# the slots, would spend the call compiling prefills no request here reaches).
 timeout -k 10 270 python3 -m benchmarks.serve_overhead --checkpoint "$run" --methods ar \
   --levels 1,4,16,64 --repeats 2 --out /tmp/cardjax-serve-overhead \
-  --json "$out/overhead.json" "$@" 2>&1 | tee "$log"
+  --server-flags="--warmup-width 64" --json "$out/overhead.json" "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 timeout -k 10 120 python3 -m benchmarks.serve_overhead --checkpoint "$run" --methods ar \
   --levels 1,64 --repeats 1 --out /tmp/cardjax-serve-overhead \
-  --server-flags=--no-overlap --json "$out/overhead_no_overlap.json" "$@" 2>&1 | tee -a "$log"
+  --server-flags="--warmup-width 64 --no-overlap" --json "$out/overhead_no_overlap.json" \
+  "$@" 2>&1 | tee -a "$log"
 timeout -k 10 120 python3 -m benchmarks.serve --checkpoint "$run" --methods ar \
   --levels 1,16,64 --requests 4 --max-tokens 32 --batch-sizes 1,4,16,64 --chunk 16 \
   --warmup-width 64 --slots 256 --warm-levels --variants "|--prefix-page 0" --out "$out" \
