@@ -28,7 +28,8 @@ right after those pending tokens. So a row's cache grows by exactly the tokens i
 committed, the cache needs width + max_new_tokens + 2B slots whatever the batch, and that
 is what every forward's attention reads. A narrower next window does not cover all of this
 one's scratch, and causal attention decides visibility by position, not slot: with "fit"
-the slots past the new index are marked empty after each forward.
+the slots past the new index are marked empty before the windows narrow (once per pass
+over the widths, not every forward: a window as wide or wider covers the last one's).
 """
 
 from __future__ import annotations
@@ -197,8 +198,6 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
                                                 logits_at=need)
       # Keep the real pending keys: the next window starts after them (a done row stays).
       cache = dataclasses.replace(cache, index=start + jnp.where(done, 0, n_pending))
-      if len(widths) > 1:  # see the module docstring: stale scratch must not stay visible
-        cache = cache.forget_scratch(2 * block)
       u = None
       if temperature is not None:  # None: the greedy program draws nothing
         rng, key = jax.random.split(rng)
@@ -231,7 +230,10 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
     # branches cannot update the loop-carried buffers in place), a while loop does not.
     for narrower, w in zip((0,) + widths[:-1], widths):
       carry = jax.lax.while_loop(fits(narrower, w), step(w), carry)
-    return carry
+    # Stale scratch must not stay visible (module docstring). A window starts at or after
+    # the last one's start and is as wide or wider within a pass, so it overwrites all of
+    # that window's scratch; only the next pass's narrower windows would leave some of it.
+    return (carry[0].forget_scratch(2 * block),) + carry[1:]
 
   carry = (cache, pending, n_pending, committed, out, done, count, jnp.int32(0), rng)
   if len(widths) == 1:

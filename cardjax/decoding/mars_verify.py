@@ -21,7 +21,8 @@ at its index and the index advances past p and the kept drafts, so the rest (pad
 rejected drafts, masks) is scratch that the row's next window overwrites: the cache holds
 width + max_new_tokens + 2B slots whatever the batch. A narrow window does not cover all
 of a wide one's scratch, and causal attention decides visibility by position, not slot:
-with "fit" the slots past the new index are marked empty after each forward. `forwards`
+with "fit" the slots past the new index are marked empty before the windows narrow (after
+the wide loop, not every forward: a window as wide covers the last one's). `forwards`
 counts the window forwards (the prefill of all but the last prompt token yields nothing),
 so forwards <= tokens.
 """
@@ -104,8 +105,6 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
       commit, all_kept = accept_drafts(drafts, n_drafts, greedy)
       # The cache keeps p and the kept drafts: the row's next window starts after them.
       cache = dataclasses.replace(cache, index=start + jnp.where(done, 0, commit))
-      if window != "full":  # see the module docstring: stale scratch must not stay visible
-        cache = cache.forget_scratch(1 + 2 * block)
       # Output: clip at the first stop token and at the budget; done rows take nothing.
       is_stop = jnp.isin(greedy, stop_ids) & (verified < commit[:, None])
       first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1) + 1,
@@ -132,7 +131,11 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
     # A while loop per window, in turn, not a lax.cond: a conditional copied the whole KV
     # cache every forward (its branches cannot update the loop-carried buffers in place).
     carry = jax.lax.while_loop(lambda c: live(c) & ~drafting(c), step(narrow), carry)
-    return jax.lax.while_loop(lambda c: live(c) & drafting(c), step(wide), carry)
+    carry = jax.lax.while_loop(lambda c: live(c) & drafting(c), step(wide), carry)
+    # Stale scratch must not stay visible (module docstring): a window starts at or after
+    # the last one's start and, as wide, overwrites all its scratch; only the narrow
+    # windows after the wide ones would leave some of it, so it is forgotten here once.
+    return (carry[0].forget_scratch(1 + 2 * block),) + carry[1:]
 
   carry = (cache, tokens[:, -1], jnp.full((b, block), pad_id, jnp.int32),
            jnp.zeros((b,), jnp.int32), lengths, jnp.full((b, max_new_tokens), pad_id, jnp.int32),
