@@ -14,7 +14,8 @@
 #   1. benchmarks/serve_overhead.py (AR; 1, 4, 16, 64 clients; 32 tokens a request): the
 #      server against a bare loop of its own compiled step, first and cached warm-up,
 #      first-burst rates and compilations after the warm-up -> OUT/overhead.json
-#   2. the same at 1 and 64 clients with --no-overlap -> OUT/overhead_no_overlap.json
+#   2. the same at 1 and 64 clients with --no-overlap, its programs from the first run's
+#      compilation cache -> OUT/overhead_no_overlap.json
 #   3. while time remains, benchmarks/serve.py's load test (the defaults and
 #      --prefix-page 0) -> OUT/results.json
 # The targets: at least 3x 4508 tokens/s at 64 clients (the first H200 run) and at most
@@ -41,7 +42,8 @@ timeout -k 10 270 python3 -m benchmarks.serve_overhead --checkpoint "$run" --met
 status=${PIPESTATUS[0]}
 timeout -k 10 120 python3 -m benchmarks.serve_overhead --checkpoint "$run" --methods ar \
   --levels 1,64 --repeats 1 --out /tmp/cardjax-serve-overhead \
-  --server-flags="--warmup-width 64 --no-overlap" --json "$out/overhead_no_overlap.json" \
+  --keep-cache --server-flags="--warmup-width 64 --no-overlap" \
+  --json "$out/overhead_no_overlap.json" \
   "$@" 2>&1 | tee -a "$log"
 timeout -k 10 120 python3 -m benchmarks.serve --checkpoint "$run" --methods ar \
   --levels 1,16,64 --requests 4 --max-tokens 32 --batch-sizes 1,4,16,64 --chunk 16 \

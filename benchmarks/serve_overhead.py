@@ -4,7 +4,7 @@ same rows, and the server's warm-up time on a first and on a cached start.
 
   python -m benchmarks.serve_overhead [--json OUT] [--checkpoint RUN] [--methods ar,mars]
       [--levels 1,4,16,64] [--requests 0] [--repeats 3] [--max-tokens 32] [--chunk 16]
-      [--slots 256] [--out DIR] [--quick]
+      [--slots 256] [--out DIR] [--server-flags FLAGS] [--keep-cache] [--quick]
 
 The model is the decode benchmark's shape (benchmarks/decode_forward.py's CONFIG: 128 wide,
 4 layers, vocab 512, fp32) with random weights (initializer_range 1.0: peaked logits, so
@@ -58,6 +58,7 @@ Warm-up: the first server starts with an empty --compilation-cache folder (in --
 restarted with the same folder: warmup_first_s and warmup_cached_s, from the first method's
 "cardjax serve: warm-up:" lines, the time from the first to "warm-up compiled N shapes"
 (the server prints whole seconds). The other methods' servers use the same folder.
+--keep-cache starts from the folder an earlier run left instead of an empty one.
 
 --quick: AR only, 1 and 4 clients, batch sizes 1,4, 64 slots, 8 requests per level, one
 pass: a check that the benchmark runs (tests/test_serve_overhead.py), not a measurement.
@@ -362,6 +363,10 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--server-flags", default="",
                       help="more `cardjax serve` flags for the server side, e.g. "
                            "'--admit-wait 0.5' (the bare loop does not read them)")
+  parser.add_argument("--keep-cache", action="store_true",
+                      help="keep the compilation cache an earlier run left in --out: its "
+                           "programs load instead of compiling, so warmup_first_s is not a "
+                           "first start's (a second run on a machine whose time is short)")
   parser.add_argument("--quick", action="store_true", help="a check, not a measurement")
   args = parser.parse_args(argv)
   preset = QUICK if args.quick else DEFAULT
@@ -381,7 +386,8 @@ def main(argv: list[str] | None = None) -> None:
   out = (ROOT / args.out).resolve()
   run = Path(args.checkpoint) if args.checkpoint else write_run(out)
   cache = out / "xla"
-  shutil.rmtree(cache, ignore_errors=True)  # the first start compiles everything
+  if not args.keep_cache:
+    shutil.rmtree(cache, ignore_errors=True)  # the first start compiles everything
   from cardjax.serve.cli import use_compilation_cache
   from cardjax.serve.engine import Engine
 
@@ -405,6 +411,7 @@ def main(argv: list[str] | None = None) -> None:
   report = {"levels": [], "warmup_first_s": None, "warmup_cached_s": None, "machine": info,
             "warmup": {}, "checkpoint": str(run),
             "settings": {"max_tokens": args.max_tokens, "chunk": args.chunk, "dtype": dtype,
+                         "keep_cache": args.keep_cache,
                          "server_flags": args.server_flags,
                          "batch_sizes": sizes, "slots": args.slots, "prompt_len": PROMPT_LEN,
                          "tau": TAU, "block": BLOCK, "repeats": repeats,
