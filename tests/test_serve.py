@@ -218,6 +218,11 @@ def test_a_client_leaving_mid_stream_frees_its_row(tmp_path):
                            "--chunk", "1", "--slots", "2048")
   try:
     _leave_mid_stream(url)
+    # The pool's step that was in flight when its only request left is dropped, not
+    # waited for: the next request is served as usual.
+    status, answer, _ = post(url, {"model": "run", "prompt": PROMPTS[0], "max_tokens": 5,
+                                   "method": "ar", "ignore_eos": True})
+    assert status == 200 and answer["usage"]["completion_tokens"] == 5
   finally:
     proc.kill()
     proc.wait()

@@ -184,6 +184,10 @@ class Scheduler:
         groups.setdefault(self._group(job), []).append(job)
       # Turns: the group served longest ago; among the never served, the oldest request's.
       self._served = {k: v for k, v in self._served.items() if k in groups}
+      for key in [k for k in self.flights if ("slots",) + k not in groups]:
+        # Every request of that pool left while its step ran: nothing to read any more.
+        self.flights.pop(key)
+        self._last_read.pop(key, None)
       key = min(groups, key=lambda k: (self._served.get(k, -1), groups[k][0].arrived))
       self._served[key], self._round = self._round, self._round + 1
       batch = groups[key]
