@@ -152,12 +152,17 @@ def use_compilation_cache(path: str) -> None:
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+def on_accelerator(backend: str) -> bool:
+  """Whether jax's default backend is a GPU or TPU (the `auto` defaults below differ)."""
+  return backend in ("gpu", "tpu", "cuda", "rocm")
+
+
 def served_dtype(choice: str, backend: str) -> str:
   """--dtype: auto serves in bfloat16 on accelerators and float32 on a CPU, whose bf16
   matmuls are no faster and round differently from the trained fp32 model."""
   if choice != "auto":
     return choice
-  return "bfloat16" if backend in ("gpu", "tpu", "cuda", "rocm") else "float32"
+  return "bfloat16" if on_accelerator(backend) else "float32"
 
 
 def forwards_per_check(choice: str, backend: str) -> int:
@@ -165,7 +170,7 @@ def forwards_per_check(choice: str, backend: str) -> int:
   condition reads a flag back to the host, and 1 on a CPU, where it costs nothing and
   every extra forward of a stopped row is paid in full."""
   if choice == "auto":
-    return 4 if backend in ("gpu", "tpu", "cuda", "rocm") else 1
+    return 4 if on_accelerator(backend) else 1
   if not choice.isdigit() or int(choice) < 1:
     raise CardjaxError(f"--forwards-per-check={choice} must be auto or a positive integer")
   return int(choice)
@@ -176,7 +181,7 @@ def served_scan(choice: str, backend: str) -> bool:
   slowly, and unrolls on a CPU (docs/serving.md has the measured costs)."""
   if choice != "auto":
     return choice == "on"
-  return backend in ("gpu", "tpu", "cuda", "rocm")
+  return on_accelerator(backend)
 
 
 def run(args) -> None:

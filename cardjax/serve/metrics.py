@@ -69,7 +69,7 @@ class Metrics:
     self._lock = threading.Lock()
     self._listener = None
 
-  def watch_compilations(self, background: str = "cardjax-compile") -> None:
+  def watch_compilations(self, background: str) -> None:
     """Count every XLA compilation of this process from now on (jax.monitoring), those on
     threads named `background`* counted apart."""
     import jax
