@@ -49,10 +49,10 @@ def test_rows_after_a_stored_prefix_decode_what_the_whole_prompt_does(method):
   prompts = [SYSTEM + tail for tail in TAILS]
   # The first admit learns SYSTEM[:16] from its first two prompts; all four use it.
   assert pool.admit_many((i, p, 0.6, N) for i, p in enumerate(prompts[:3])) == 3 * 16
-  assert set(pool._prefills) == {(4, 16, 16)}  # 3 rows (padded to 4) after 16 cached
+  assert set(pool.programs.used) == {(4, 16, 16)}  # 3 rows (padded to 4) after 16 cached
   new, _, _ = pool.step(N)
   assert pool.admit_many([(3, prompts[3], 0.6, N)]) == 16
-  assert set(pool._prefills) == {(4, 16, 16), (1, 16, 16)}
+  assert set(pool.programs.used) == {(4, 16, 16), (1, 16, 16)}
   more, _, _ = pool.step(N)
   new[3] = more[3]
   for i, p in enumerate(prompts):
@@ -64,4 +64,4 @@ def test_rows_after_a_stored_prefix_decode_what_the_whole_prompt_does(method):
   # Off: the same prompts prefill whole.
   pool = SlotPool(model, method, slots=64, batch_sizes=(1, 4), prefix_page=0, **kw)
   assert pool.admit_many((i, p, 0.6, N) for i, p in enumerate(prompts)) == 0
-  assert {key[1] for key in pool._prefills} == {0}
+  assert {key[1] for key in pool.programs.used} == {0}

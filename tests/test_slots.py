@@ -141,10 +141,10 @@ def test_batched_admits_split_by_width_and_prefill_rows():
   pool = SlotPool(model, "ar", slots=64, batch_sizes=(1, 2, 8), prefill_rows=2)
   assert pool.prefill_sizes == (1, 2)
   prompts = [PROMPTS[0], PROMPTS[3] * 3, PROMPTS[2], PROMPTS[1] + [5], PROMPTS[0] * 4]
-  assert sorted({pool._width(len(p)) for p in prompts}) == [16, 32]
+  assert sorted({pool.programs.width(len(p)) for p in prompts}) == [16, 32]
   pool.admit_many((i, p, 1.0, N) for i, p in enumerate(prompts))
   assert pool.tier == 8 and pool.live_rows() == 5
-  assert set(pool._prefills) == {(2, 0, 16), (1, 0, 16), (2, 0, 32)}  # 3 short: 2 + 1; 2 long
+  assert set(pool.programs.used) == {(2, 0, 16), (1, 0, 16), (2, 0, 32)}  # 3 short: 2 + 1; 2 long
   new, ended, _ = pool.step(N)
   for i, p in enumerate(prompts):
     assert new[i] == ar.generate(model, [p], N).rows()[0], i
@@ -155,7 +155,7 @@ def test_batched_admits_split_by_width_and_prefill_rows():
   # prefill_rows=1: one forward per prompt (the A/B baseline of `serve --prefill-rows 1`)
   pool = SlotPool(model, "ar", slots=64, batch_sizes=(1, 2, 8), prefill_rows=1)
   pool.admit_many((i, p, 1.0, N) for i, p in enumerate(prompts[:3]))
-  assert pool.prefill_sizes == (1,) and set(pool._prefills) == {(1, 0, 16), (1, 0, 32)}
+  assert pool.prefill_sizes == (1,) and set(pool.programs.used) == {(1, 0, 16), (1, 0, 32)}
   assert pool.step(N)[0][1] == ar.generate(model, [prompts[1]], N).rows()[0]
   with pytest.raises(CardjaxError, match="prefill_rows=0 must be >= 1"):
     SlotPool(model, "ar", slots=64, prefill_rows=0)
@@ -203,7 +203,7 @@ def test_after_compile_steps_and_prefills_serving_compiles_nothing(overlap):
   assert pool.spans == [12, 24, 48]
   # per (tier, span): step, release, put, gathers to 2 other tiers and 2 other spans
   assert pool.compile_steps(3) == 9 * 7
-  assert pool.compile_prefills(32) == 6 == len(pool._prefills)  # widths 16, 32; 3 sizes
+  assert pool.compile_prefills(32) == 6 == len(pool.programs.used)  # widths 16, 32; 3 sizes
   schedule = [0, 4, 4, 8, 9, 9, 9, 9, 14]
   with compiles() as counted:
     if overlap:

@@ -225,7 +225,9 @@ class Scheduler:
         for job in batch:
           self._finish(job, {"type": "error", "message": f"decoding failed: {e}"}, "error")
       finally:
-        self._hand_off()  # whatever the round sent, an error included
+        # Whatever the round sent, an error included; after a read's own hand-off (made
+        # before it waits for arrivals) it finds nothing and costs a lock.
+        self._hand_off()
 
   def _step(self, jobs: list[Job], waiting: int) -> None:
     """One round of a SlotPool: admit the group's waiting requests into free rows, launch

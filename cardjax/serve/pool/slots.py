@@ -69,6 +69,7 @@ from cardjax.decoding.prompts import BUCKET, left_pad
 from cardjax.errors import CardjaxError
 from cardjax.model.cache import KVCache
 from cardjax.serve.pool import programs
+from cardjax.serve.pool.prefill_programs import PrefillPrograms
 from cardjax.serve.pool.prefixes import PAGE, PrefixStore
 from cardjax.serve.pool.programs import Rows
 
@@ -161,13 +162,9 @@ class SlotPool:
     self.prefill_sizes = self.prefill_sizes or self.batch_sizes[:1]
     # The model's programs, shared by its pools (jitted(): another pool of the same model,
     # e.g. one whose requests ignore stop tokens, compiles nothing new).
-    self._prefill, self._step, self._compiled = jitted(g)
-    self._prefills = {}  # (rows, prefix, width) -> the compiled prefill this pool ran
+    prefill, self._step, compiled = jitted(g)
     # Stored prefixes (a store shared with the model's other pools, or its own).
     self.prefixes = prefixes or PrefixStore(self.model, prefix_page, background=background)
-    # A server's executor for compiles off the decode thread (`_ready`); None: compile
-    # where a program is first needed.
-    self.background, self._queued = background, set()
     self.owner: list = []  # per row: the caller's key, None when free
     # Host copies of each row's write index, token budget and liveness: what the span
     # needs, without reading the device before every step.
@@ -179,8 +176,14 @@ class SlotPool:
     # The prefill buffer: each prefill writes its rows here, put_rows copies them out.
     self.staging = self._commit(KVCache.create(cfg, self.prefill_sizes[-1], slots).per_row())
     # Its shapes, for compiles on another thread while the buffer is donated to a prefill.
-    self._staging_spec = jax.tree.map(
+    staging_spec = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.staging)
+    # The prefill programs; with a server's `background` executor, a learned prefix's
+    # compile off the decode thread.
+    self.programs = PrefillPrograms(
+        prefill, compiled, self.model.state, staging_spec, self.prefixes, self.prefill_sizes,
+        bucket=self.bucket, slots=slots, window=self.window, limit=self.prompt_limit(),
+        background=background)
     self._resize(self.batch_sizes[0], [], self.spans[0])
 
   # -- rows ---------------------------------------------------------------------------
@@ -335,9 +338,9 @@ class SlotPool:
     shapes, kv = [], {}  # per request: (its stored prefix, the width of what follows)
     for r in requests:
       prefix, kv[prefix] = self.prefixes.lookup(r[1])
-      width = self._width(len(r[1]) - len(prefix), len(prefix))
-      if prefix and not self._ready(len(prefix), width):  # compiling: prefill it all
-        prefix, width = (), self._width(len(r[1]))
+      width = self.programs.width(len(r[1]) - len(prefix), len(prefix))
+      if prefix and not self.programs.ready(len(prefix), width):  # compiling: prefill it all
+        prefix, width = (), self.programs.width(len(r[1]))
       shapes.append((prefix, width))
     reach = max(len(prefix) + width - 1 for prefix, width in shapes)
     if reach > self.span:  # the prefilled slots must fit the span
@@ -351,39 +354,6 @@ class SlotPool:
                            prefix, kv.get(prefix))
     return sum(len(prefix) for prefix, _ in shapes)
 
-  def widths(self, prefix: int = 0) -> list[int]:
-    """The padded widths prompts prefill at after a `prefix`-token stored prefix: a ladder
-    of bucket multiples growing by about half (1, 2, 3, 4, 6, 8, 12, ... buckets), so that
-    the programs to compile are a few per prefill batch however long prompts get (a long
-    prompt pads by at most half), up to the widest that leaves room for a window (2 at
-    least: the prefill reads width - 1 >= 1 tokens)."""
-    top = max(self.slots - self.window - prefix + 1, 2)
-    ladder, k = [], 1
-    while k * self.bucket < top:
-      ladder.append(k * self.bucket)
-      k = k + 1 if k < 4 else k // 2 * 3 if k & (k - 1) == 0 else k // 3 * 4
-    return ladder + [top]
-
-  def _width(self, length: int, prefix: int = 0) -> int:
-    """The width `length` prompt tokens after a `prefix`-token stored prefix prefill at:
-    the narrowest of widths(prefix) that holds them."""
-    return next(w for w in self.widths(prefix) if w >= length)
-
-  def _ready(self, prefix: int, width: int) -> bool:
-    """Whether the prefills after a `prefix`-token stored prefix at `width` are compiled
-    for every prefill batch. In the background mode they are compiled off the decode
-    thread (queued here on first ask), and until then the caller prefills without the
-    prefix: no request waits for a compile."""
-    if self.background is None:
-      return True
-    if all(self._key(rows, prefix, width) in self._compiled for rows in self.prefill_sizes):
-      return True  # by this pool or another of the model's
-    if (prefix, width) not in self._queued:
-      self._queued.add((prefix, width))
-      self.background.submit(lambda: [self.prefill_program(rows, width, prefix)
-                                      for rows in self.prefill_sizes])
-    return False
-
   def _prefill_rows(self, requests, rows: list[int], width: int, prefix: tuple = (),
                     kv=None) -> None:
     """One prefill forward of `requests` (at most prefill_rows), which all start with the
@@ -396,7 +366,7 @@ class SlotPool:
     args = (self.model.state, self.staging, tokens, positions, segments)
     if p:
       args += (kv,)
-    self.staging = self.prefill_program(size, width, p)(*args)
+    self.staging = self.programs.program(size, width, p)(*args)
     s = self.staging.index.shape[0]  # staging rows: those past n are not put (dropped ids)
     ids = np.asarray(rows + [self.tier] * (s - n), np.int32)
     prompts += [[self.pad_id]] * (s - size)
@@ -415,44 +385,11 @@ class SlotPool:
       self.index[row], self.budget[row], self.live[row] = p + width - 1, budget, True
       self.flown[row] = 0
 
-  def prefill_program(self, rows: int, width: int, prefix: int = 0):
-    """The prefill of `rows` prompts padded to `width` after a stored prefix of `prefix`
-    tokens (0: none), compiled on first use (the compiled program is kept here: a jitted
-    call would not reuse an ahead-of-time compile)."""
-    if (rows, prefix, width) not in self._prefills:
-      key = self._key(rows, prefix, width)
-      if key not in self._compiled:  # the model's other pools may have compiled it
-        spec = jax.ShapeDtypeStruct((rows, width), jnp.int32)
-        args = (self.model.state, self._staging_spec, spec, spec, spec)
-        if prefix:
-          args += (self.prefixes.spec(prefix),)
-        self._compiled[key] = self._prefill.lower(*args).compile()
-      self._prefills[rows, prefix, width] = self._compiled[key]
-    return self._prefills[rows, prefix, width]
-
-  def _key(self, rows: int, prefix: int, width: int) -> tuple:
-    """A prefill program's key among the model's compiled ones (jitted())."""
-    return (rows, prefix, width, self._staging_spec.k.shape, self._staging_spec.k.dtype)
-
   def compile_prefills(self, max_width: int | None = None, prefixes=(0,), log=None) -> int:
-    """Compile, before serving and without running one, the prefill of every prefill batch
-    size, stored prefix length in `prefixes` and width (widths()) that a prompt of up to
-    `max_width` tokens (None: the longest a row takes) prefills at. Returns the number of
-    programs."""
-    n = 0
-    longest = self.prompt_limit() if max_width is None else min(max_width,
-                                                                  self.prompt_limit())
-    for p in prefixes:
-      if p + 1 > self.prompt_limit():
-        continue
-      needed = self._width(max(longest - p, 1), p)
-      for rows in self.prefill_sizes:
-        for width in [w for w in self.widths(p) if w <= needed]:
-          if log:
-            log(f"prefill batch {rows}, width {width}" + (f" after {p} cached" if p else ""))
-          self.prefill_program(rows, width, p)
-          n += 1
-    return n
+    """Compile, before serving, the prefills a prompt of up to `max_width` tokens (None:
+    the longest a row takes) runs after each stored prefix length in `prefixes`
+    (PrefillPrograms.compile_all). Returns the number of programs."""
+    return self.programs.compile_all(max_width, prefixes, log)
 
   def release(self, key) -> None:
     """Free `key`'s row (its request ended or its client left). A tier the remaining rows
