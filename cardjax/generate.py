@@ -77,7 +77,7 @@ def _generate(args, mesh) -> None:
     chunk = prompts[i:i + args.batch]
     out = decode(chunk)
     rows += out.rows()
-    row_forwards += out.forwards * len(chunk)
+    row_forwards += int(out.row_forwards.sum())  # while each row generates
     tokens += int(out.lengths.sum())
   seconds = time.perf_counter() - start
   for text, row in zip(texts, rows):

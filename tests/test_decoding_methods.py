@@ -79,3 +79,33 @@ def test_options_bucket_reaches_the_decoder():
   for method, objective in (("ar", "ar"), ("mars", "mars"), ("card", "card"), ("dus", "mdlm")):
     decoder = make_decoder(method, tiny_model(), objective, Options(bucket=48))
     assert decoder.bucket == decoder.keywords["bucket"] == 48
+
+
+@pytest.mark.parametrize("method,objective,opt", [
+    ("ar", "ar", {}), ("mars", "mars", {"tau": 0.5}), ("mars", "mars", {"verify": True}),
+    ("mars", "mars", {"tau": 0.4, "cache_block": 8}), ("card", "card", {"block": 4}),
+    ("dus", "mdlm", {"block": 4})])
+def test_row_forwards_count_each_row_while_it_generates(method, objective, opt):
+  """A batched call runs `forwards`; each row counts the forwards it was live in. Rows stop
+  at different lengths here (a stop id), and a row's count is what it costs alone when the
+  batch moves per row (AR, MARS), at most the batch's when it moves in blocks."""
+  from cardjax.decoding.methods import Options, make_decoder
+  from decoding_helpers import PROMPTS, tiny_model
+
+  model = tiny_model()
+  free = make_decoder(method, model, objective, Options(max_new_tokens=12, **opt))(PROMPTS)
+  stop = int(free.tokens[0, 2])  # row 0 stops at its third token, others when they meet it
+  options = Options(max_new_tokens=12, stop_ids=(stop,), **opt)
+  decode = make_decoder(method, model, objective, options)
+  out = decode(PROMPTS)
+  assert out.row_forwards.shape == (len(PROMPTS),)
+  assert out.forwards == out.row_forwards.max() and (out.row_forwards >= 1).all()
+  assert len(set(out.lengths.tolist())) > 1  # rows did stop at different lengths
+  if method == "ar":
+    assert out.row_forwards.tolist() == out.lengths.tolist()  # one token a live forward
+  for i, prompt in enumerate(PROMPTS):
+    alone = decode([prompt])
+    if method in ("ar", "mars"):
+      assert out.row_forwards[i] == alone.forwards
+    else:  # blocks: a row waits in a block until the batch's slowest row fills it
+      assert alone.forwards <= out.row_forwards[i] <= out.forwards

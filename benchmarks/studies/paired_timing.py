@@ -39,7 +39,7 @@ from benchmarks.common import arg_parser
 def timed_pass(decode, chunks) -> tuple[float, int, int]:
   """(seconds, tokens, row-forwards) of one pass over the chunks."""
   start = time.perf_counter()
-  rows, _, row_forwards = measure.one_pass(decode, chunks)
+  rows, _, _, row_forwards = measure.one_pass(decode, chunks)  # the batch's: what it computes
   return time.perf_counter() - start, sum(len(r) for r in rows), row_forwards
 
 

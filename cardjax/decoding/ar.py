@@ -53,6 +53,7 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
 
   def body(carry):
     step, out, cache, done, count, rng, forwards = carry
+    forwards = forwards + (~done).astype(jnp.int32)  # per row: the forwards it was live in
     last = out[:, step - 1][:, None]
     pos = (lengths + step - 1)[:, None]
     logits, cache = model.forward_cached(last, cache, positions=pos,
@@ -64,9 +65,10 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
     out = out.at[:, step].set(token)
     count = count + (~done).astype(jnp.int32)
     done = done | jnp.isin(token, stop_ids)
-    return step + 1, out, cache, done, count, rng, forwards + 1
+    return step + 1, out, cache, done, count, rng, forwards
 
-  carry = (jnp.int32(1), out, cache, done, count, rng, jnp.int32(1))  # the prefill counts
+  # The prefill counts, for every row.
+  carry = (jnp.int32(1), out, cache, done, count, rng, jnp.ones((b,), jnp.int32))
   _, out, _, _, count, _, forwards = jax.lax.while_loop(cond, body, carry)
   return out, count, forwards
 

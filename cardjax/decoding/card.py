@@ -65,7 +65,7 @@ class _Carry(NamedTuple):
   masked: jax.Array  # [b, B] slots still to reveal (within budget, row not done)
   out: jax.Array  # [b, blocks * B]
   done: jax.Array  # [b] a stop token was generated
-  forwards: jax.Array
+  forwards: jax.Array  # [b] the forwards each row was live (not done) in
 
 
 @decode_loop("planner", "max_new_tokens")
@@ -96,7 +96,7 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
                                      c.rnd >= steps - 1)
     return c._replace(cache=cache, rnd=c.rnd + 1, first=slot_logits[:, 0],
                       block=jnp.where(show, guess, c.block), masked=c.masked & ~show,
-                      forwards=c.forwards + 1)
+                      forwards=c.forwards + (~c.done).astype(jnp.int32))
 
   def opening(c: _Carry) -> _Carry:  # [previous block | block]: writes it for good
     start = lengths[:, None] + c.blk * size + slot  # positions of the block's slots
@@ -138,7 +138,8 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
   carry = _Carry(cache, jnp.int32(0), jnp.int32(0), jnp.full((b, size), pad_id, jnp.int32),
                  first_logits,
                  jnp.full((b, size), mask_id, jnp.int32), todo(0, done),
-                 jnp.full((b, blocks * size), pad_id, jnp.int32), done, jnp.int32(0))
+                 jnp.full((b, blocks * size), pad_id, jnp.int32), done,
+                 jnp.zeros((b,), jnp.int32))
   c = jax.lax.while_loop(cond, body, carry)
   out, count = planners.cut_at_stop(c.out[:, :max_new_tokens], c.done, stop_ids, pad_id)
   return out, count, c.forwards

@@ -186,12 +186,13 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
   widths = pending_widths(block, window)
 
   def live(carry):
-    return ~jnp.all(carry[5]) & (carry[7] < steps_max)
+    return ~jnp.all(carry[5]) & (jnp.max(carry[7]) < steps_max)
 
   def step(w: int):
     """The loop body with the window [pending[:, :w] | B masks] (w + B tokens)."""
     def body(carry):
       cache, pending, n_pending, committed, out, done, count, forwards, rng = carry
+      forwards = forwards + (~done).astype(jnp.int32)  # per row: the forwards it was live in
       ids, pos, seg, need = window_inputs(pending, n_pending, committed, mask_id, w, block)
       start = cache.index
       slot_logits, cache = model.forward_cached(ids, cache, positions=pos, segment_ids=seg,
@@ -213,7 +214,7 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
       out = out.at[jnp.arange(b)[:, None], idx].set(jnp.where(take, guess, pad_id))
       done = done | jnp.any(is_stop & take, axis=1) | (count + k >= max_new_tokens)
       return (cache, jnp.where(take, guess, pad_id), jnp.maximum(k, 1), committed + k, out,
-              done, count + k, forwards + 1, rng)
+              done, count + k, forwards, rng)
     return body
 
   def fits(narrower: int, w: int):
@@ -235,7 +236,8 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
     # that window's scratch; only the next pass's narrower windows would leave some of it.
     return (carry[0].forget_scratch(2 * block),) + carry[1:]
 
-  carry = (cache, pending, n_pending, committed, out, done, count, jnp.int32(0), rng)
+  carry = (cache, pending, n_pending, committed, out, done, count, jnp.zeros((b,), jnp.int32),
+           rng)
   if len(widths) == 1:
     carry = jax.lax.while_loop(live, step(widths[0]), carry)
   else:

@@ -82,6 +82,7 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
 
   def body(carry):
     cache, out, n, done, count, blk, forwards, rng = carry
+    forwards = forwards + (~done).astype(jnp.int32)  # per row: the forwards it was live in
     base = blk * c
     window = jnp.where(slot < n[:, None], jax.lax.dynamic_slice(out, (0, base), (b, c)),
                        mask_id)
@@ -117,10 +118,10 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
     count = count + grow.astype(jnp.int32)
     n = jnp.where(full, 1, n)
     cache = dataclasses.replace(cache, index=jnp.where(full, start + c, start))
-    return cache, out, n, new_done, count, blk + full.astype(jnp.int32), forwards + 1, rng
+    return cache, out, n, new_done, count, blk + full.astype(jnp.int32), forwards, rng
 
   carry = (cache, out, jnp.ones((b,), jnp.int32), done, jnp.ones((b,), jnp.int32),
-           jnp.int32(0), jnp.int32(1), rng)
+           jnp.int32(0), jnp.ones((b,), jnp.int32), rng)  # the prefill counts
   _, out, _, _, count, _, forwards, _ = jax.lax.while_loop(cond, body, carry)
   return out[:, :max_new_tokens], count, forwards
 

@@ -99,6 +99,7 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
     """The loop body around `forward` (wide or narrow)."""
     def body(carry):
       cache, pending, drafts, n_drafts, committed, out, done, count, forwards = carry
+      forwards = forwards + (~done).astype(jnp.int32)  # per row: the forwards it was live in
       start = cache.index
       guesses, cache = forward(cache, pending, drafts, n_drafts, committed)
       greedy, next_drafts = guesses[:, :block + 1], guesses[:, block + 1:]
@@ -121,7 +122,7 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
       # Done rows draft nothing, so they never keep the batch on the wide window.
       n_drafts = jnp.where(all_kept & ~done, block, 0)
       return (cache, pending, next_drafts, n_drafts, committed, out, done, count + k,
-              forwards + 1)
+              forwards)
     return body
 
   def drafting(carry):
@@ -139,7 +140,7 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
 
   carry = (cache, tokens[:, -1], jnp.full((b, block), pad_id, jnp.int32),
            jnp.zeros((b,), jnp.int32), lengths, jnp.full((b, max_new_tokens), pad_id, jnp.int32),
-           jnp.zeros((b,), bool), jnp.zeros((b,), jnp.int32), jnp.int32(0))
+           jnp.zeros((b,), bool), jnp.zeros((b,), jnp.int32), jnp.zeros((b,), jnp.int32))
   carry = jax.lax.while_loop(live, step(wide) if window == "full" else sweep, carry)
   return carry[5], carry[7], carry[8]
 

@@ -37,7 +37,7 @@ class _Carry(NamedTuple):
   rnd: jax.Array
   masked: jax.Array  # [b, B] slots of the block still to reveal
   done: jax.Array  # [b]
-  forwards: jax.Array
+  forwards: jax.Array  # [b] the forwards each row was live (not done) in
 
 
 @decode_loop("planner", "max_new_tokens", "shift")
@@ -74,11 +74,12 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
     done = c.done | (full & jnp.any(jnp.isin(block, stop_ids) & kept, axis=1))
     blk = c.blk + full.astype(jnp.int32)
     return _Carry(seq, blk, jnp.where(full, 0, c.rnd + 1),
-                  jnp.where(full, todo(blk, done), masked), done, c.forwards + 1)
+                  jnp.where(full, todo(blk, done), masked), done,
+                  c.forwards + (~c.done).astype(jnp.int32))
 
   done = jnp.zeros((b,), bool)
   c = jax.lax.while_loop(cond, body, _Carry(seq, jnp.int32(0), jnp.int32(0), todo(0, done),
-                                            done, jnp.int32(0)))
+                                            done, jnp.zeros((b,), jnp.int32)))
   out = c.seq[:, width:width + max_new_tokens]
   out, count = planners.cut_at_stop(out, c.done, stop_ids, pad_id)
   return out, count, c.forwards

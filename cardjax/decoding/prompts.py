@@ -26,6 +26,9 @@ class Generation:
   tokens: np.ndarray  # [batch, max_new_tokens], pad after the stop token
   lengths: np.ndarray  # [batch] generated tokens, the stop token included
   forwards: int  # model calls that produced tokens (the AR prefill among them)
+  # [batch] the forwards each row was live in (not yet stopped): a batched call runs
+  # `forwards`, and a row that stopped early rides the rest without writing
+  row_forwards: np.ndarray
 
   def rows(self) -> list[list[int]]:
     return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths)]
@@ -78,4 +81,7 @@ def decode(loop, model, prompts: Sequence[Sequence[int]], room: int, stop_ids, p
   stop = np.asarray(list(stop_ids) or [-1], np.int32)  # -1: no stop id matches
   out, count, forwards = loop(model, tokens, positions, segments, lengths, stop,
                               np.int32(pad_id), *args, **static)
-  return Generation(np.asarray(out), np.asarray(count), int(forwards))
+  # Rows stop, never restart: a live row has been live in every forward so far, so the
+  # batch's forwards are the most any row was live in.
+  per_row = np.asarray(forwards)
+  return Generation(np.asarray(out), np.asarray(count), int(per_row.max()), per_row)

@@ -34,9 +34,10 @@ def decode_and_grade(run, method: str, options, batch: int, prompts: Sequence[Se
   with tqdm(total=len(prompts), desc=desc, unit="prompt", disable=not progress,
             dynamic_ncols=True) as bar:
     start = time.perf_counter()
-    rows, forwards, row_forwards = measure.one_pass(decode, chunks, progress=bar)
+    rows, forwards, row_forwards, batch_row_forwards = measure.one_pass(decode, chunks,
+                                                                        progress=bar)
     seconds = time.perf_counter() - start
-  timed = measure.Run(rows, forwards, [seconds], batch, row_forwards)
+  timed = measure.Run(rows, forwards, [seconds], batch, row_forwards, batch_row_forwards)
   examples = []
   for i, row in enumerate(rows):
     text = run.tokenizer.decode(row, skip_special=True)
@@ -45,6 +46,7 @@ def decode_and_grade(run, method: str, options, batch: int, prompts: Sequence[Se
   metrics = {"exact_match": correct / max(len(examples), 1), "correct": correct,
              "n": len(examples), "tokens": timed.tokens, "forwards": forwards,
              "row_forwards": row_forwards, "tokens_per_forward": timed.tokens_per_forward,
+             "batch_fill": timed.batch_fill,
              "tokens_per_second": timed.tokens_per_second, "seconds": seconds,
              "warmup_seconds": compile_seconds}
   return {"metrics": metrics, "examples": examples}

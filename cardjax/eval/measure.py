@@ -33,7 +33,8 @@ class Run:
   forwards: int  # batched forwards summed over batches
   repeat_seconds: list[float]  # one pass over the prompt set, per timed repeat
   batch: int
-  row_forwards: int  # sum over batches of forwards x rows in the batch
+  row_forwards: int  # sum over rows of the forwards the row was live (still generating) in
+  batch_row_forwards: int = 0  # sum over batches of forwards x rows in the batch
 
   @property
   def tokens(self) -> int:
@@ -41,9 +42,15 @@ class Run:
 
   @property
   def tokens_per_forward(self) -> float:
-    """Generated tokens per row-forward: a batched forward counts once per row in it, so
-    rows that wait for others lower the figure (as they cost compute)."""
+    """Generated tokens per forward of a row while it generates: AR reads 1.00 at any
+    batch size (a row that stopped and waits for the batch's others is not counted)."""
     return self.tokens / max(1, self.row_forwards)
+
+  @property
+  def batch_fill(self) -> float:
+    """The share of a batch's row-forwards that went to rows still generating: the rest
+    are stopped rows riding along, which a batched call pays for."""
+    return self.row_forwards / max(1, self.batch_row_forwards or self.row_forwards)
 
   @property
   def seconds(self) -> float:
@@ -83,18 +90,21 @@ def warm_up(decode: Callable, prompts: Sequence[Sequence[int]], batch: int) -> l
 
 
 def one_pass(decode: Callable, chunks: Sequence[list],
-             progress=None) -> tuple[list[list[int]], int, int]:
-  """(rows, batched forwards, row-forwards) of decoding every chunk once (warm_up's chunks);
-  `progress` (a tqdm bar, counted in prompts) is advanced after each chunk."""
-  rows, forwards, row_forwards = [], 0, 0
+             progress=None) -> tuple[list[list[int]], int, int, int]:
+  """(rows, batched forwards, live row-forwards, batch row-forwards) of decoding every
+  chunk once (warm_up's chunks): a row-forward is live while its row still generates, and
+  a batch's row-forwards are its forwards x its rows. `progress` (a tqdm bar, counted in
+  prompts) is advanced after each chunk."""
+  rows, forwards, row_forwards, batch_row_forwards = [], 0, 0, 0
   for chunk in chunks:
     out = decode(chunk)
     rows += out.rows()
     forwards += out.forwards
-    row_forwards += out.forwards * len(chunk)
+    row_forwards += int(out.row_forwards.sum())
+    batch_row_forwards += out.forwards * len(chunk)
     if progress is not None:
       progress.update(len(chunk))
-  return rows, forwards, row_forwards
+  return rows, forwards, row_forwards, batch_row_forwards
 
 
 def timed(decode: Callable, prompts: Sequence[Sequence[int]], batch: int,
@@ -110,7 +120,7 @@ def timed(decode: Callable, prompts: Sequence[Sequence[int]], batch: int,
   for _ in range(repeats):
     passed, first = _passes(decode, chunks, min_seconds, first)
     seconds.append(passed)
-  return Run(first[0], first[1], seconds, batch, first[2])
+  return Run(first[0], first[1], seconds, batch, first[2], first[3])
 
 
 def timed_against(decode: Callable, base: Callable, prompts: Sequence[Sequence[int]],
@@ -129,12 +139,12 @@ def timed_against(decode: Callable, base: Callable, prompts: Sequence[Sequence[i
     seconds.append(passed)
     tokens, base_tokens = (sum(len(r) for r in got[0]) for got in (first, base_first))
     speedups.append((tokens / passed) / (base_tokens / base_seconds))
-  return Run(first[0], first[1], seconds, batch, first[2]), speedups
+  return Run(first[0], first[1], seconds, batch, first[2], first[3]), speedups
 
 
 def _passes(decode: Callable, chunks, min_seconds: float, first):
   """(seconds per pass, first) of decoding the chunks until min_seconds have passed (at
-  least once); `first` is the first pass's (rows, forwards, row_forwards), set on the
+  least once); `first` is the first pass's one_pass(), set on the
   first call, and every later pass must decode the same tokens: a decoder that does not
   is a bug, not noise."""
   passes, start = 0, time.perf_counter()

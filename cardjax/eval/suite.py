@@ -34,7 +34,7 @@ def _row(task, model, method, setting, timed, base: measure.Run | None, **qualit
   run, speedups = timed if isinstance(timed, tuple) else (timed, None)
   row = {"task": task, "model": model, "method": method, "setting": setting,
          "batch": run.batch, "tokens": run.tokens, "forwards": run.forwards,
-         "tokens_per_forward": run.tokens_per_forward,
+         "tokens_per_forward": run.tokens_per_forward, "batch_fill": run.batch_fill,
          "tokens_per_second": run.tokens_per_second,
          "tokens_per_second_range": list(run.tokens_per_second_range),
          "speedup": run.tokens_per_second / base.tokens_per_second if base else 1.0}

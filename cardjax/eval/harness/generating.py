@@ -71,7 +71,7 @@ def decode_group(decode, prompts: Sequence[Sequence[int]], batch_size: int, coun
     counts.seconds += time.perf_counter() - begin
     generated = got.rows()[:len(rows)]
     counts.forwards += got.forwards
-    counts.row_forwards += got.forwards * len(rows)
+    counts.row_forwards += int(got.row_forwards[:len(rows)].sum())
     counts.tokens += sum(len(g) for g in generated)
     for i, g in zip(rows, generated):
       out[i] = g

@@ -5,7 +5,7 @@ lm-eval hands a model every task's requests of one kind in one call, so the mode
 per task (each request names its task) and the runner reads the totals afterwards.
 Generation is counted as the decode benchmark counts it (eval/measure.py): tokens are the
 generated ones up to the stop token (before the `until` cut), a batched forward counts once
-per real row in it (row_forwards), and seconds exclude the compile of each new shape.
+for each real row while that row generates (row_forwards), and seconds exclude the compile of each new shape.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class Generated:
   requests: int = 0
   tokens: int = 0
   forwards: int = 0  # batched decoder forwards
-  row_forwards: int = 0  # forwards x real rows in the batch
+  row_forwards: int = 0  # per real row, the forwards it was live (generating) in
   seconds: float = 0.0  # timed decode calls, compile excluded
   warmup_seconds: float = 0.0  # the first call of each new shape (compile included)
 
