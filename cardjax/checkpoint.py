@@ -19,6 +19,7 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from cardjax import hf
 from cardjax.errors import CheckpointError
 from cardjax.model.config import ModelConfig
 from cardjax.model.create import abstract_model
@@ -77,9 +78,7 @@ def save_model(directory: str | Path, model: Decoder, step: int = 0,
 def copy_assets(directory: str | Path, source: str | Path) -> None:
   """Copy the tokenizer files of `source` (a HF or tokenizer folder) into DIR/hf_assets
   (process 0), where `cardjax export-hf` and `cardjax generate` look for them."""
-  from cardjax.hf import asset_files
-
-  files = asset_files(source)
+  files = hf.asset_files(source)
   if not files or jax.process_index() != 0:
     return
   target = checked_path(directory) / ASSETS
@@ -206,8 +205,6 @@ def restore_model(directory: str | Path, step: int | None = None, mesh=None,
 def load_model(source: str | Path, mesh=None, **overrides) -> tuple[Decoder, str]:
   """(model, description) from a HF folder (config.json) or a cardjax checkpoint folder:
   what train.init_from and a LoRA run's base may name."""
-  from cardjax import hf
-
   path = resolve(source)
   if (checked_path(path) / "config.json").is_file():
     return hf.from_pretrained(cached_copy(path), mesh=mesh, **overrides), f"HF {path}"

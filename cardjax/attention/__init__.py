@@ -4,7 +4,8 @@ from cardjax.attention.masks import BIDIRECTIONAL, CAUSAL, CLEAN, NOISY, MaskSpe
 from cardjax.attention.reference import cache_attention, dense_mask, reference_attention
 from cardjax.attention import select
 from cardjax.attention.select import IMPLEMENTATIONS, AttentionImplError
-from cardjax.attention.structured import TWO_STREAM_KINDS, structured_attention
+from cardjax.attention.structured import structured_attention
+from cardjax.attention import xla
 
 # "xla": the dense reference, except the two-stream kinds (dual_stream, bd3lm) over a
 # self-attention row [2L], which take the structured path (equal under its layout contract,
@@ -13,12 +14,12 @@ from cardjax.attention.structured import TWO_STREAM_KINDS, structured_attention
 STRUCTURED_TWO_STREAM = True
 
 
+def _structured(structured: bool | None) -> bool:
+  return STRUCTURED_TWO_STREAM if structured is None else structured
+
+
 def xla_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, structured: bool | None = None):
-  use = STRUCTURED_TWO_STREAM if structured is None else structured
-  if (use and spec.kind in TWO_STREAM_KINDS and q.shape[1] == k.shape[1]
-      and q.shape[1] % 2 == 0):
-    return structured_attention(q, k, v, spec, q_meta, k_meta)
-  return reference_attention(q, k, v, spec, q_meta, k_meta)
+  return xla.xla_attention(q, k, v, spec, q_meta, k_meta, _structured(structured))
 
 
 def attend(q, k, v, spec: MaskSpec, q_meta, k_meta, impl: str = "xla",
@@ -34,7 +35,7 @@ def attend(q, k, v, spec: MaskSpec, q_meta, k_meta, impl: str = "xla",
   """
   chosen = select.choose(impl, spec, q.shape, k.shape, q.dtype, interpret=interpret)
   return select.run(chosen, q, k, v, spec, q_meta, k_meta, interpret=interpret,
-                    structured=structured)
+                    structured=_structured(structured))
 
 
 __all__ = ["MaskSpec", "CAUSAL", "BIDIRECTIONAL", "CLEAN", "NOISY", "STRUCTURED_TWO_STREAM",

@@ -5,7 +5,7 @@
               block_causal); cudnn for causal / bidirectional where cuDNN serves them
               (bf16/fp16, head_dim a multiple of 8 up to 128), else pallas_gpu, else xla.
               CPU (and anything else): xla.
-  xla         cardjax.attention.xla_attention (dense reference, structured two-stream path).
+  xla         cardjax/attention/xla.py (dense reference, structured two-stream path).
   splash      cardjax/attention/splash.py, TPU only (or interpret mode).
   pallas_gpu  cardjax/attention/pallas_gpu.py, GPU only (or interpret mode).
   cudnn       jax.nn.dot_product_attention(implementation="cudnn"), GPU only; causal and
@@ -174,13 +174,13 @@ def cudnn_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, scale: float | None
 
 
 def run(chosen: str, q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret: bool | None = None,
-        structured: bool | None = None):
-  """Call the implementation `choose` returned."""
+        structured: bool = True):
+  """Call the implementation `choose` returned (structured: for "xla", whether the
+  two-stream kinds take the structured path)."""
   interpret = interpret_requested(interpret)
   if chosen == "xla":
-    from cardjax.attention import xla_attention
-    extra = {} if structured is None else {"structured": structured}
-    return xla_attention(q, k, v, spec, q_meta, k_meta, **extra)
+    from cardjax.attention.xla import xla_attention
+    return xla_attention(q, k, v, spec, q_meta, k_meta, structured)
   if chosen == "splash":
     from cardjax.attention.splash import splash_attention
     return splash_attention(q, k, v, spec, q_meta, k_meta, interpret=interpret)

@@ -258,8 +258,8 @@ def from_gguf(path: "str | Path | GGUFFile", mesh=None, **overrides):
   `path` may be a GGUFFile already opened (and checked): the file is parsed once.
   `overrides` set ModelConfig fields (scan_layers, param_dtype, mask_token_id, ...); the
   mask id defaults to the tokenizer's (see `mask_token`)."""
-  from cardjax.hf import load_tensors
   from cardjax.hf.config import model_config_from_hf
+  from cardjax.hf.tensors import load_tensors
 
   f = path if isinstance(path, GGUFFile) else GGUFFile(path)
   check_file(f)

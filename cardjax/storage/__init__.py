@@ -7,8 +7,8 @@ folder named `gs:`, so no module should build a Path from a user's string: call 
 """
 
 from cardjax.storage import fsspec_setup
-from cardjax.storage.paths import as_path, checked_path, is_remote, resolve, scheme
-from cardjax.storage.reach import check
+from cardjax.storage.paths import as_path, is_remote, resolve, scheme
+from cardjax.storage.reach import check, checked_path
 
 fsspec_setup.install()
 

@@ -1,4 +1,6 @@
-"""Local-or-bucket path handling: `resolve` (the one normalisation) and `as_path`."""
+"""Local-or-bucket path handling: `resolve` (the one normalisation) and `as_path`. Pure:
+nothing here reaches a bucket (reach.py checks one, and its `checked_path` is `as_path`
+after that check)."""
 
 from __future__ import annotations
 
@@ -43,16 +45,5 @@ def resolve(path: str | os.PathLike) -> str:
 
 def as_path(path: str | os.PathLike) -> epath.Path:
   """An epath.Path of `resolve(path)`: pathlib's API over local disk, gs:// and s3://. Pure:
-  nothing is reached (see `checked_path`)."""
+  nothing is reached (see reach.checked_path)."""
   return epath.Path(resolve(path))
-
-
-def checked_path(path: str | os.PathLike) -> epath.Path:
-  """`as_path`, for a path about to be read or written: a bucket is checked first (once per
-  process; cardjax/storage/reach.py), so a wrong endpoint, missing credentials or a missing
-  bucket is one clear error, not minutes of retries."""
-  text = resolve(path)
-  if scheme(text) is not None:
-    from cardjax.storage.reach import check
-    check(text)
-  return epath.Path(text)

@@ -14,6 +14,8 @@ import os
 import socket
 import urllib.parse
 
+from etils import epath
+
 from cardjax.errors import CardjaxError
 from cardjax.storage.paths import resolve, scheme
 
@@ -33,6 +35,15 @@ def check(path: str | os.PathLike) -> None:
   else:
     keys = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_PROFILE")
   _check(name, bucket, tuple(os.environ.get(k) for k in keys))
+
+
+def checked_path(path: str | os.PathLike) -> epath.Path:
+  """paths.as_path, for a path about to be read or written: a bucket is checked first
+  (`check`), so a wrong endpoint, missing credentials or a missing bucket is one clear
+  error, not minutes of retries."""
+  text = resolve(path)
+  check(text)
+  return epath.Path(text)
 
 
 @functools.lru_cache(maxsize=None)

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from cardjax.storage import trees
 from cardjax.storage.cache import staging_dir
-from cardjax.storage.paths import checked_path, resolve
+from cardjax.storage.paths import resolve
+from cardjax.storage.reach import checked_path
 
 MARKER = "cardjax_committed"
 

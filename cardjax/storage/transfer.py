@@ -19,7 +19,8 @@ from pathlib import Path
 from cardjax.errors import CardjaxError
 from cardjax.storage import trees
 from cardjax.storage.cache import staging_dir
-from cardjax.storage.paths import checked_path, is_remote, resolve
+from cardjax.storage.paths import is_remote, resolve
+from cardjax.storage.reach import checked_path
 
 
 @contextlib.contextmanager

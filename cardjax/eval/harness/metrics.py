@@ -5,7 +5,8 @@ lm-eval hands a model every task's requests of one kind in one call, so the mode
 per task (each request names its task) and the runner reads the totals afterwards.
 Generation is counted as the decode benchmark counts it (eval/measure.py): tokens are the
 generated ones up to the stop token (before the `until` cut), a batched forward counts once
-for each real row while that row generates (row_forwards), and seconds exclude the compile of each new shape.
+for each real row while that row generates (row_forwards), and seconds exclude the compile
+of each new shape.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from cardjax.hf.import_cli import add_written_checkpoint_arguments
+from cardjax.commands.import_hf import add_written_checkpoint_arguments
 
 
 def add_arguments(p) -> None:
