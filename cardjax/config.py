@@ -95,6 +95,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.keep_checkpoints = 3  # newest checkpoints kept
   c.train.async_checkpoint = True  # write checkpoints in the background
   c.train.init_from = ""  # "" = random init | a HF folder | an orbax checkpoint folder
+  # An existing run resumes from its newest checkpoint; N > 0 resumes from step N instead
+  # (e.g. when the newest cannot be read): the newer steps are set aside, not deleted.
+  c.train.resume_step = 0
   # LoRA (docs/training.md): rank > 0 trains adapters on the targeted projections of the
   # train.init_from model, whose weights stay frozen; checkpoints hold the adapters only.
   c.train.lora = ml_collections.ConfigDict()
@@ -279,6 +282,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
                       f"data.batch_size={d.batch_size}")
   if t.steps <= 0 or t.lr <= 0:
     raise ConfigError(f"config train.steps={t.steps} and train.lr={t.lr} must be > 0")
+  if t.resume_step < 0:
+    raise ConfigError(f"config train.resume_step={t.resume_step} must be >= 0 (0: the newest "
+                      "checkpoint)")
   if spec_from_config(t.lora) is not None:
     if not t.init_from:
       raise ConfigError("config train.lora.rank > 0 adapts a trained model: set "

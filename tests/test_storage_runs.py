@@ -88,7 +88,8 @@ def test_killed_bucket_run_resumes_like_a_local_run(scheme, data_dir, straight, 
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     loss, params = straight
-    assert f"trained {TOTAL} steps: loss {loss:.4f};" in done.stdout
+    assert f"resumed from step {latest}, trained {TOTAL - latest} steps to step {TOTAL}: " \
+           f"loss {loss:.4f};" in done.stdout
     for a, b in zip(_params(run), params):
       np.testing.assert_array_equal(a, b)
     # The metrics reached the bucket (uploaded at each checkpoint and at the end), and the

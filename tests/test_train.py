@@ -21,7 +21,7 @@ from cardjax.config import load_config, model_config
 from cardjax.data.pipeline import PipelineSpec, make_dataset
 from cardjax.data.prepare import prepare
 from cardjax.data.tokenizer import train_bpe
-from cardjax.errors import ConfigError
+from cardjax.errors import CheckpointError, ConfigError
 from cardjax.model import create_model
 from cardjax.objectives import make_objective
 from cardjax.parallel import make_mesh
@@ -465,3 +465,40 @@ def test_compilation_cache_dir_keeps_the_compiled_step(data_dir, tmp_path):
   proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert any(cache.iterdir()), "no compiled program was cached"
+
+
+RESUMABLE = ("--config.train.checkpoint_every=2", "--config.train.keep_checkpoints=5",
+             "--config.train.eval_every=0", "--config.train.schedule=constant")
+
+
+def _damage(step_dir):
+  """Zero the first 4 KB of each params data file (as a bad disk would)."""
+  for f in (step_dir / "params").glob("ocdbt.process_*/d/*"):
+    data = bytearray(f.read_bytes())
+    data[:4096] = bytes(len(data[:4096]))
+    f.write_bytes(bytes(data))
+
+
+def test_an_unreadable_latest_is_one_error_and_resume_step_goes_on(data_dir, tmp_path,
+                                                                    capsys):
+  """A damaged newest checkpoint: one error naming the step, the part and the way on
+  (train.resume_step); that way resumes from the older step to the parameters of a run
+  that never stopped, with the damaged step set aside, not deleted."""
+  run = tmp_path / "run"
+  train(_config(data_dir, "--config.train.steps=6", *RESUMABLE), run)
+  _damage(run / "checkpoints" / "6")
+  with pytest.raises(CheckpointError) as e:
+    train(_config(data_dir, "--config.train.steps=8", *RESUMABLE), run)
+  message = str(e.value)
+  assert "checkpoint step 6" in message and "its params failed" in message, message
+  assert "--config.train.resume_step=4" in message and "\n" not in message
+  out = train(_config(data_dir, "--config.train.steps=8", "--config.train.resume_step=4",
+                      *RESUMABLE), run)
+  assert out["start"] == 4 and "resuming from step 4 of 8" in capsys.readouterr().out
+  assert (run / "checkpoints_set_aside" / "6").is_dir()
+  train(_config(data_dir, "--config.train.steps=8", *RESUMABLE), tmp_path / "straight")
+  for a, b in zip(_params(run), _params(tmp_path / "straight")):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  with pytest.raises(CheckpointError, match=r"resume_step=3: .* has steps \[2, 4, 6, 8\]"):
+    train(_config(data_dir, "--config.train.steps=10", "--config.train.resume_step=3",
+                  *RESUMABLE), run)

@@ -21,7 +21,7 @@ import orbax.checkpoint as ocp
 
 from cardjax.checkpoint import manager
 from cardjax.errors import CheckpointError
-from cardjax.storage import resolve, scheme
+from cardjax.storage import as_path, resolve, scheme
 from cardjax.storage.staged import StagedCheckpoints
 
 
@@ -50,10 +50,33 @@ class TrainCheckpointer:
             "shared file system (docs/storage.md)")
       self.orbax_dir = str(self.staged.local)
       async_save = False
+    self.async_save = async_save
     self.mngr = manager(self.orbax_dir, max_to_keep=keep, async_save=async_save)
 
   def latest_step(self) -> int | None:
     return self.mngr.latest_step()
+
+  def steps(self) -> list[int]:
+    return sorted(self.mngr.all_steps())
+
+  def set_aside(self, after: int) -> str:
+    """Move the steps newer than `after` into WORKDIR/checkpoints_set_aside/ (a resumed
+    run's next saves would meet them; they are kept, not deleted, for the user to look
+    into). Returns that folder."""
+    if self.staged is not None:
+      raise CheckpointError(f"{self.directory}: resuming an s3:// run from an older step "
+                            "needs its newer steps removed first; delete them from the "
+                            "bucket, then run again")
+    aside = as_path(self.directory).parent / "checkpoints_set_aside"
+    if jax.process_index() == 0:
+      aside.mkdir(parents=True, exist_ok=True)
+      for step in self.steps():
+        if step > after:
+          (as_path(self.orbax_dir) / str(step)).rename(aside / str(step))
+    _barrier("cardjax-set-aside")
+    self.mngr.close()  # it listed the moved steps: a fresh one reads the folder again
+    self.mngr = manager(self.orbax_dir, max_to_keep=self.keep, async_save=self.async_save)
+    return str(aside)
 
   def save(self, step: int, params, opt_state, loader, config, model_cfg,
            lora: dict | None = None) -> None:
@@ -77,11 +100,28 @@ class TrainCheckpointer:
     restored arrays are the only ones allocated."""
     # Shape, dtype and sharding only (a compiled function's out_info also carries layouts).
     as_struct = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
-    out = self.mngr.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(jax.tree.map(as_struct, params_target)),
-        opt_state=ocp.args.StandardRestore(jax.tree.map(as_struct, opt_target)),
-        data=loader.checkpoint_restore()))
+    items = {"params": ocp.args.StandardRestore(jax.tree.map(as_struct, params_target)),
+             "opt_state": ocp.args.StandardRestore(jax.tree.map(as_struct, opt_target)),
+             "data": loader.checkpoint_restore()}
+    out = {}
+    for name, args in items.items():  # one at a time, so a failure names its part
+      try:
+        out[name] = self.mngr.restore(step, args=ocp.args.Composite(**{name: args}))[name]
+      except Exception as e:  # orbax and TensorStore raise many kinds: one clear error
+        raise self.unreadable(step, name, e) from e
     return out["params"], out["opt_state"]
+
+  def unreadable(self, step: int, part: str, error: Exception) -> CheckpointError:
+    """The error for a step whose `part` (params, opt_state, data, model_config) cannot be
+    read: what failed, and the way on."""
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    older = [s for s in self.steps() if s < step]
+    way = (f"resume from an older step with --config.train.resume_step={older[-1]} (this "
+           f"run has {older}; the newer steps are set aside, not deleted)" if older else
+           f"it is the run's only checkpoint: delete {self.directory}/{step} to start the run "
+           "afresh")
+    return CheckpointError(f"checkpoint step {step} in {self.directory} cannot be read: its "
+                           f"{part} failed ({type(error).__name__}: {first}); {way}")
 
   def wait(self) -> None:
     self.mngr.wait_until_finished()

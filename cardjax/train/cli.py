@@ -53,7 +53,10 @@ def run(args) -> int:
     print(f"cardjax: {e}", file=sys.stderr)
     return 143
   train_m, eval_m = result["train"], result["eval"]
-  print(f"trained {result['step']} steps: loss {train_m.get('loss', float('nan')):.4f}; "
+  start, step = result["start"], result["step"]
+  done = (f"resumed from step {start}, trained {step - start} steps to step {step}" if start
+          else f"trained {step} steps")
+  print(f"{done}: loss {train_m.get('loss', float('nan')):.4f}; "
         f"validation loss {eval_m.get('loss', float('nan')):.4f}, "
         f"AR NLL {eval_m.get('ar_nll', float('nan')):.4f}; {args.workdir}")
   return 0

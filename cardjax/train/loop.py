@@ -155,7 +155,7 @@ def setup(config, workdir: str | Path, mesh) -> Job:
   # The tokenizer travels with the checkpoints: export-hf then writes a complete HF folder
   # and generate needs no data dir.
   model_checkpoint.copy_assets(ckpt.directory, tokenizer_source(config))
-  latest = ckpt.latest_step()
+  latest = _resume_step(ckpt, t.resume_step)
   spec = spec_from_config(t.lora)
   if spec is not None:
     # LoRA: the base always comes from train.init_from (checkpoints hold adapters only);
@@ -168,7 +168,12 @@ def setup(config, workdir: str | Path, mesh) -> Job:
     if latest is not None:
       origin += f", resumed from step {latest}"
   elif latest is not None:
-    saved = model_checkpoint.read_model_config(ckpt.orbax_dir, latest)
+    try:
+      saved = model_checkpoint.read_model_config(ckpt.orbax_dir, latest)
+    except CheckpointError:
+      raise
+    except Exception as e:  # a damaged JSON item: the same clear error as the arrays'
+      raise ckpt.unreadable(latest, "model_config", e) from e
     runtime = {k: config.model[k] for k in RUNTIME_FIELDS}
     # Shapes and shardings only: the restore below writes every array once, so a resumed
     # run never holds a random init next to the checkpoint.
@@ -225,6 +230,22 @@ def _log_trainable(params, frozen, opt_state) -> None:
     print(line, flush=True)
 
 
+def _resume_step(ckpt: TrainCheckpointer, wanted: int) -> int | None:
+  """The step a run resumes from: the newest (None: a new run), or train.resume_step, with
+  the steps after it set aside."""
+  latest = ckpt.latest_step()
+  if not wanted:
+    return latest
+  if wanted not in ckpt.steps():
+    raise CheckpointError(f"config train.resume_step={wanted}: {ckpt.directory} has steps "
+                          f"{ckpt.steps()}; name one of them (0: the newest)")
+  if wanted < latest:
+    aside = ckpt.set_aside(wanted)
+    log.warning("resuming from step %d as train.resume_step asks: steps after it moved to %s",
+                wanted, aside)
+  return wanted
+
+
 def _loop(job: Job, profile: ProfileWindow) -> dict:
   """Steps job.start + 1 to train.steps, each followed by the periodic actions due."""
   t = job.config.train
@@ -232,6 +253,8 @@ def _loop(job: Job, profile: ProfileWindow) -> dict:
              disable=not t.progress or jax.process_index() != 0,
              desc=f"train {job.objective.name}", unit="step", dynamic_ncols=True)
   clock = periodic.Clock(job.start)
+  if job.start and jax.process_index() == 0:  # by default, not only in the INFO log
+    print(f"resuming from step {job.start} of {t.steps}", flush=True)
   finite = periodic.FiniteLoss(job.ckpt)
   log_line = periodic.Log(t.log_every, t.steps, finite, clock, bar)
   validate = periodic.Validate(t.eval_every, t.steps, t.log_every, clock)
@@ -251,4 +274,5 @@ def _loop(job: Job, profile: ProfileWindow) -> dict:
     profile.close()
     bar.close()
     job.close()
-  return {"train": log_line.values, "eval": validate.values, "step": t.steps}
+  return {"train": log_line.values, "eval": validate.values, "step": t.steps,
+          "start": job.start}
