@@ -19,7 +19,7 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	# torch first, pinned, so that no dependency can pull a CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,demo]'
 	# libtpu, the version jax pins, beside the venv, not in it: `cardjax plan` (and its
 	# tests) put it on the path to compile for compile-only TPUs; installed in the venv it
 	# would make every other jax process look for a TPU first.

@@ -46,7 +46,7 @@ def forward_ms(graphdef, state, batch: int, tokens: int, slots: int, repeats: in
                forwards: int = LOOP) -> float:
   """ms per cached forward of `tokens` new tokens after 40 cached: the best of `repeats`
   timings of a jitted loop of `forwards` forwards (benchmarks/forward_cost.py's loop)."""
-  from benchmarks.forward_cost import forward_ms as loop_ms
+  from cardjax.eval.forward_cost import forward_ms as loop_ms
 
   return loop_ms(graphdef, state, batch, tokens, slots, 40, forwards, repeats)
 

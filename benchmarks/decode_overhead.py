@@ -223,7 +223,7 @@ class Bench:
     self._counting = None  # (frozen counting copy, its list of widths), built on first use
 
   def bare_ms(self, key: str, batch: int, width: int, slots: int) -> float:
-    from benchmarks.forward_cost import forward_ms
+    from cardjax.eval.forward_cost import forward_ms
 
     memo = ("full" if key == "mdlm" else "cached", batch, width, slots)
     if memo not in self._bare:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from benchmarks.common import arg_parser, best_seconds
+from benchmarks.common import arg_parser
+from cardjax.eval.forward_cost import forward_ms
 
 COLUMNS = [("model", "model", ""), ("batch", "batch", "d"), ("tokens", "new tokens / row", "d"),
            ("ms", "ms / forward", ".3f"), ("vs_one_token", "x one token", ".2f"),
@@ -33,35 +34,6 @@ def model_shape(name: str, dtype: str):
   cfg = model_config(load_config(name))
   return dataclasses.replace(cfg, dtype=dtype, param_dtype=dtype, scan_layers=True,
                              remat="none")
-
-
-def forward_ms(graphdef, state, batch: int, tokens: int, slots: int, context: int,
-               forwards: int, repeats: int) -> float:
-  """ms per cached forward: the best of `repeats` timings of a jitted loop of `forwards`
-  (benchmarks/decode_forward.py and decode_overhead.py price their forwards with it)."""
-  import jax
-  import jax.numpy as jnp
-  from flax import nnx
-
-  from cardjax.model.cache import KVCache
-
-  @jax.jit
-  def loop(state):
-    model = nnx.merge(graphdef, state)
-    cache = KVCache.create(model.cfg, batch, slots)
-    pos = jnp.broadcast_to(context + jnp.arange(tokens), (batch, tokens))
-    seg = jnp.ones((batch, tokens), jnp.int32)
-
-    def body(i, carry):
-      cache, acc = carry
-      cache = dataclasses.replace(cache, index=jnp.int32(context))  # the same slots each time
-      tok = jnp.full((batch, tokens), 7, jnp.int32) + i % 3
-      logits, cache = model.forward_cached(tok, cache, positions=pos, segment_ids=seg)
-      return cache, acc + logits[:, -1, 0].astype(jnp.float32).sum()
-
-    return jax.lax.fori_loop(0, forwards, body, (cache, jnp.float32(0)))[1]
-
-  return best_seconds(lambda: loop(state), repeats) / forwards * 1e3
 
 
 def main() -> None:

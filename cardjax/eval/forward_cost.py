@@ -1,0 +1,51 @@
+"""What one decoding forward costs against the KV cache, by its width: the time a method's
+tokens per forward buys against. A method that writes t tokens per forward of w tokens
+gains t / (cost of w tokens / cost of 1) over AR on the same machine; on a CPU a forward
+costs about its tokens, on an accelerator a small-batch forward costs about the weights it
+reads, whatever its width.
+
+`forward_ms` times a jitted loop of forwards (no dispatch or host sync per forward), the
+best of a few runs; benchmarks/forward_cost.py, decode_forward.py and decode_overhead.py
+and the demo price their forwards with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+
+def forward_ms(graphdef, state, batch: int, tokens: int, slots: int, context: int,
+               forwards: int, repeats: int) -> float:
+  """ms per cached forward of `tokens` new tokens per row after `context` cached, in a cache
+  of `slots`: the best of `repeats` timings of a jitted loop of `forwards` forwards, after
+  a first run that compiles it."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from cardjax.model.cache import KVCache
+
+  @jax.jit
+  def loop(state):
+    model = nnx.merge(graphdef, state)
+    cache = KVCache.create(model.cfg, batch, slots)
+    pos = jnp.broadcast_to(context + jnp.arange(tokens), (batch, tokens))
+    seg = jnp.ones((batch, tokens), jnp.int32)
+
+    def body(i, carry):
+      cache, acc = carry
+      cache = dataclasses.replace(cache, index=jnp.int32(context))  # the same slots each time
+      tok = jnp.full((batch, tokens), 7, jnp.int32) + i % 3
+      logits, cache = model.forward_cached(tok, cache, positions=pos, segment_ids=seg)
+      return cache, acc + logits[:, -1, 0].astype(jnp.float32).sum()
+
+    return jax.lax.fori_loop(0, forwards, body, (cache, jnp.float32(0)))[1]
+
+  jax.block_until_ready(loop(state))
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(loop(state))
+    best = min(best, time.perf_counter() - start)
+  return best / forwards * 1e3
