@@ -8,6 +8,7 @@ GPU_PLAN_STAMP := $(VENV)/gpu-plan/.installed
 PYTEST_ARGS ?=
 # pytest-xdist workers for make test (0: one process). Two on the 2-core CI box: much of
 # a test is compiling or waiting on a subprocess, so two overlap (28 -> 21 min there).
+# make test lists its 15 slowest tests, so a slow one shows in every log.
 TEST_WORKERS ?= 2
 
 .PHONY: demo test lint test-slow bench-decode bench-check bench-pack bench-pack-day gpu-day-carry bench-wheels smollm2 bench-real install install-gpu-plan clean
@@ -49,7 +50,7 @@ demo: $(STAMP)
 	$(BIN)/cardjax demo --workdir runs/demo
 
 test: $(STAMP) $(GPU_PLAN_STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
 
 # ruff with the project's rules ([tool.ruff] in pyproject.toml); CI runs it before the tests.
 lint: $(STAMP)
