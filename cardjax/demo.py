@@ -48,7 +48,7 @@ def _nll(model, batch) -> float:
 # demo_budget_2026-12-06.json found how far the SFT recipe must go). "quick": the repo's
 # tiny configs (64 x 2) for a few steps, a tour of every stage in a couple of minutes, its
 # models too short to decode well.
-BUDGETS = {"full": {"sft": 2500, "mars": 300, "ar": 300, "card": 300},
+BUDGETS = {"full": {"sft": 2500, "mars": 500, "ar": 300, "card": 300},
            "quick": {"sft": 60, "mars": 60, "ar": 60, "card": 60}}
 # What a shortened run changes besides its steps: the SFT recipe holds its learning rate
 # and decays over the last fifth (a cosine over fewer steps decays before the model
