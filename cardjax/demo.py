@@ -58,7 +58,8 @@ RUNS = (("sft", "sft", ()), ("mars", "mars", ("init_from_sft",)), ("ar", "ar", (
         ("card", "card", ()))
 
 
-def _config_file(recipe: str, budget: str) -> str:
+def config_file(recipe: str, budget: str) -> str:
+  """The config a RUNS recipe trains with at `budget`."""
   return f"configs/decode_bench.py:{recipe}" if budget == "full" else f"configs/tiny_{recipe}.py"
 
 
@@ -79,7 +80,7 @@ def _train_models(workdir: Path, base, budget: str = "full") -> dict:
       extra += SHORTENED.get(name, ())
     if "init_from_sft" in flags:
       extra.append(f"--config.train.init_from={workdir / 'runs' / 'sft' / 'checkpoints'}")
-    config = load_config(_config_file(recipe, budget), list(base) + extra)
+    config = load_config(config_file(recipe, budget), list(base) + extra)
     out = train(config, workdir / "runs" / name)
     text = (workdir / "runs" / name / "metrics.jsonl").read_text()
     lines = [json.loads(l) for l in text.splitlines()]

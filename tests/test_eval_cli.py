@@ -9,7 +9,7 @@ import pytest
 from cardjax.cli import main
 from cardjax.config import load_config
 from cardjax.data.prepare import prepare
-from cardjax.demo import RUNS, SFT
+from cardjax.demo import RUNS, SFT, config_file
 from cardjax.train import train
 
 STEPS = 3
@@ -22,20 +22,21 @@ ARITH = ["--config.data.options.train_size=64", "--config.data.options.test_size
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-  """The demo's four runs (demo.RUNS: same configs, MARS from the SFT run), small."""
+  """The demo's runs (demo.RUNS at its quick budget's configs, MARS from the SFT run),
+  small."""
   root = tmp_path_factory.mktemp("eval")
   base = [f"--config.data.data_dir={root / 'data'}"]
   prepare(load_config("configs/tiny_ar.py", base + SMALL))
   prepare(load_config("configs/tiny_sft.py", base + SFT + SMALL[2:] + ARITH))
   out = {}
-  for name, config_name, flags in RUNS:
+  for name, recipe, flags in RUNS:
     if name == "card":
       continue  # nll and arith read the AR, SFT and MARS runs
     extra = [f"--config.train.steps={STEPS}", f"--config.train.checkpoint_every={STEPS}"]
     options = SMALL if name == "ar" else SMALL[2:] + ARITH
     if "init_from_sft" in flags:
       extra.append(f"--config.train.init_from={root / 'sft' / 'checkpoints'}")
-    config = load_config(f"configs/{config_name}.py", base + list(options) + extra)
+    config = load_config(config_file(recipe, "quick"), base + list(options) + extra)
     result = train(config, root / name)
     out[name] = {"dir": root / name, "eval": result["eval"]}
   out["root"] = root

@@ -213,10 +213,10 @@ def test_bad_bucket_inputs_and_outputs_fail_before_the_work(buckets, monkeypatch
 # table do not shrink with the model.
 @pytest.mark.parametrize("scheme", ["gs", pytest.param("s3", marks=pytest.mark.slow)])
 def test_demo_writes_every_artefact_to_a_bucket(scheme, tmp_path):
-  """`cardjax demo --workdir gs://...` (or s3://), its models made smaller."""
+  """`cardjax demo --quick --workdir gs://...` (or s3://), its models made smaller."""
   with emulated(scheme) as (_, root):
     workdir = f"{root}/demo"
-    done = _run(["demo", "--workdir", workdir, "--config.model.hidden_size=32",
+    done = _run(["demo", "--quick", "--workdir", workdir, "--config.model.hidden_size=32",
                  "--config.model.intermediate_size=64", "--config.data.seq_len=64"],
                 tmp_path, timeout=900)
     assert f"every artefact is under {workdir}" in done.stdout
