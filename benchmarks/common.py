@@ -51,20 +51,6 @@ def timed(fn, *args, repeats: int = 5) -> float:
   return float(statistics.median(times))
 
 
-def best_seconds(run, repeats: int) -> float:
-  """The fastest of `repeats` timed calls of run() (a jitted program: its result is waited
-  for), after a first call that compiles and warms it."""
-  import jax
-
-  jax.block_until_ready(run())
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(run())
-    best = min(best, time.perf_counter() - start)
-  return best
-
-
 class Tee:
   """Prints lines and appends them to a file (when given) as they come, so a run cut short
   keeps what it measured. `start`, when given, replaces the file's contents first (a new

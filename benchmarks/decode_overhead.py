@@ -72,7 +72,8 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from benchmarks.common import announce, arg_parser, best_seconds
+from benchmarks.common import announce, arg_parser
+from cardjax.eval.forward_cost import best_seconds
 
 PROMPTS, PROMPT_LEN = 16, 24
 MARS_B, CARD_B, CACHE_BLOCK = 4, 8, 16

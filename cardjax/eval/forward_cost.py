@@ -5,8 +5,8 @@ costs about its tokens, on an accelerator a small-batch forward costs about the 
 reads, whatever its width.
 
 `forward_ms` times a jitted loop of forwards (no dispatch or host sync per forward), the
-best of a few runs; benchmarks/forward_cost.py, decode_forward.py and decode_overhead.py
-and the demo price their forwards with it.
+best of a few runs (`best_seconds`); benchmarks/forward_cost.py, decode_forward.py and
+decode_overhead.py and the demo price their forwards with it.
 """
 
 from __future__ import annotations
@@ -42,10 +42,18 @@ def forward_ms(graphdef, state, batch: int, tokens: int, slots: int, context: in
 
     return jax.lax.fori_loop(0, forwards, body, (cache, jnp.float32(0)))[1]
 
-  jax.block_until_ready(loop(state))
+  return best_seconds(lambda: loop(state), repeats) / forwards * 1e3
+
+
+def best_seconds(run, repeats: int) -> float:
+  """The fastest of `repeats` timed calls of run() (a jitted program: its result is waited
+  for), after a first call that compiles and warms it."""
+  import jax
+
+  jax.block_until_ready(run())
   best = float("inf")
   for _ in range(repeats):
     start = time.perf_counter()
-    jax.block_until_ready(loop(state))
+    jax.block_until_ready(run())
     best = min(best, time.perf_counter() - start)
-  return best / forwards * 1e3
+  return best
