@@ -61,6 +61,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.objective.name = "ar"  # ar | card | mars | mdlm | bd3lm
   c.objective.block_size = 4  # B: MARS / BD3LM block length (must divide data.seq_len)
   c.objective.alpha = 1.0  # MARS: weight of the clean-stream (SFT) term
+  # MARS: the noisy stream's length as a share of the row. 1.0: a full copy of the row
+  # [clean | noisy]; below 1: only the blocks whose outputs carry loss, compacted into
+  # ceil(share * L / B) blocks (the same loss for fewer tokens; a row that needs more
+  # stops the run with the share it needed). docs/objectives.md
+  c.objective.noisy_fraction = 1.0
   c.objective.card_masking = "soft_tail"  # soft_tail | strict_tail | uniform (ablations)
   c.objective.card_lambda = 1.5  # soft tail window W = min(L, floor(lambda * N))
   c.objective.card_reweighting = "context"  # context | none (ablation)
@@ -265,6 +270,10 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     raise ConfigError(f"config data.pad_to_multiple={d.pad_to_multiple} must be a multiple "
                       f"of objective.block_size={o.block_size} (MARS pads responses to whole "
                       "blocks)")
+  if o.name == "mars" and not 0 < o.get("noisy_fraction", 1.0) <= 1:
+    raise ConfigError(f"config objective.noisy_fraction={o.noisy_fraction} must be in (0, 1] "
+                      "(1: the full noisy copy of the row; e.g. 0.6 when responses fill at "
+                      "most about half of each row)")
   impl = config.model.get("attention_impl", "xla")
   if (o.name in ("mars", "bd3lm") and d.packing and d.pad_to_multiple % o.block_size
       and impl in ("splash", "auto")):

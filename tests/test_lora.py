@@ -114,6 +114,25 @@ def test_lora_mars_trains_the_adapters_only(sft, tmp_path, capsys):
   assert size(saved / "params") < 0.5 * size(sft / "sft" / "checkpoints" / "80" / "params")
 
 
+def test_lora_mars_compact_stream_steps_like_the_full_one(sft, tmp_path):
+  """LoRA MARS on packed arith rows: the compact noisy stream's first steps have the full
+  stream's losses (the same objective for fewer tokens)."""
+  mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
+  losses = {}
+  for fraction in (1.0, 0.875):
+    config = _mars_lora(sft, "--config.train.steps=3", "--config.train.checkpoint_every=0",
+                        f"--config.objective.noisy_fraction={fraction}")
+    with jax.set_mesh(mesh):
+      job = loop.setup(config, tmp_path / f"run{fraction}", mesh)
+      losses[fraction] = []
+      for step in (1, 2, 3):
+        job.advance(step)
+        losses[fraction].append(float(job.metrics["loss"]))
+      assert float(job.metrics.get("mars/noisy_overflow", 0.0)) == 0.0
+      job.close()
+  np.testing.assert_allclose(losses[0.875], losses[1.0], rtol=2e-5)
+
+
 @pytest.mark.parametrize("objective", ["ar", "card", "mdlm", "bd3lm"])
 def test_every_objective_trains_adapters_over_a_frozen_base(sft, objective, tmp_path):
   """LoRA is not MARS-only: each other objective, from the same SFT checkpoint, trains

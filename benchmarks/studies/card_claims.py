@@ -2,7 +2,7 @@
 when data repeats while AR overfits, and what does a CARD step cost against AR and BD3LM?
 
   python -m benchmarks.studies.card_claims [--corpus 'DIR/**/*.txt' | readmes] \
-      [--tokens 60000] [--epochs 1,2,4,8,16,32,48] [--seeds 0,1,2] [--json OUT]
+      [--tokens 40000] [--epochs 1,2,4,8,16,32,48] [--seeds 0,1,2] [--json OUT]
   python -m benchmarks.studies.card_claims --budgets 600,2400,9600 [--seeds 0,1,2]
 
 Data-limited curves (the default): the training split is cut at --tokens tokens and seen
@@ -156,7 +156,7 @@ def main() -> None:
                       help="a glob of text files (comma-separated globs), readmes, or "
                            "python_stdlib")
   parser.add_argument("--validation-percent", type=int, default=10)
-  parser.add_argument("--tokens", type=int, default=60_000,
+  parser.add_argument("--tokens", type=int, default=40_000,
                       help="training tokens (the data-limited cap); 0 = the whole split")
   parser.add_argument("--epochs", default="1,2,4,8,16,32,48")
   parser.add_argument("--budgets", default="",

@@ -30,16 +30,29 @@ class MaskSpec:
                    noisy->clean earlier blocks; clean->clean block-causal; clean->noisy never
     block_causal   one stream, key block <= query block (block-diffusion decoding)
   block_size: the block length B for the block patterns (ignored by causal/bidirectional).
+  noisy_len: dual_stream only; 0: the noisy stream is the row's aligned second copy
+    ([clean (L) | noisy (L)]); N > 0: the last N tokens are a compact noisy stream, the
+    blocks that carry loss packed after the clean stream (MARS with noisy_fraction < 1).
+    The rule is the same (it compares positions, never indices); the Pallas kernels, which
+    tile the two halves by index, do not serve the compact stream.
   """
 
   kind: str = "causal"
   block_size: int = 0
+  noisy_len: int = 0
 
   def __post_init__(self):
     if self.kind not in KINDS:
       raise ValueError(f"unknown attention mask kind {self.kind!r}; expected one of {KINDS}")
     if self.kind in ("dual_stream", "bd3lm", "block_causal") and self.block_size <= 0:
       raise ValueError(f"mask kind {self.kind!r} needs block_size > 0, got {self.block_size}")
+    if self.noisy_len and self.kind != "dual_stream":
+      raise ValueError(f"a compact noisy stream is a dual_stream layout, not {self.kind!r}")
+
+  @property
+  def compact(self) -> bool:
+    """Whether the noisy stream is compact (noisy_len > 0) rather than an aligned copy."""
+    return self.noisy_len > 0
 
   @property
   def is_causal_in_position(self) -> bool:

@@ -107,6 +107,9 @@ def unsupported_reason(impl: str, spec: MaskSpec, q_len: int, k_len: int, head_d
     how = "" if impl == "cudnn" else (
         f" (or interpret mode, slow: {INTERPRET_ENV}=1 or attend(..., interpret=True))")
     return f"{impl} runs on {want.upper()}, this is {platform.upper()}{how}"
+  if spec.compact:
+    return ("the compact MARS noisy stream (objective.noisy_fraction < 1) has no aligned "
+            "halves for the kernels to tile; it runs on xla")
   if impl == "splash":
     from cardjax.attention import splash
     return splash.unsupported_reason(spec, q_len, k_len, head_dim)

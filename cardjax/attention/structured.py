@@ -23,6 +23,12 @@ queries; each chunk is scored against its own key chunk and the one before (dual
 matmuls (no gather); slots outside the half are masked off. Scores per row: 2 L^2 + (2|3)
 c L instead of 4 L^2.
 
+A compact MARS row (MaskSpec.noisy_len = N > 0: [clean (L) | the N-token noisy stream of
+the blocks that carry loss]) is served the same way with a noisy part of N queries: every
+kept block is whole and in order, so a noisy query's visible noisy keys still lie in
+(i - B, i] of the noisy part; its contract is the clean stream's below plus, in the noisy
+part, each segment one contiguous run whose positions rise by 1 inside each block.
+
 Layout contract (what cardjax.objectives.mars / bd3lm produce; they are the only producers):
   * self-attention: q and k have the same length T = 2L (even), q_meta and k_meta describe
     the same tokens;
@@ -65,10 +71,33 @@ _FILL = jnp.finfo(jnp.float32).min  # the reference's finite fill
 
 
 def _halves(spec: MaskSpec, length: int):
-  """(clean slice, noisy slice) of a two-stream row of `length` = 2L tokens."""
+  """(clean slice, noisy slice) of a two-stream row of `length` tokens: 2L aligned halves,
+  or L clean + a compact noisy stream of spec.noisy_len."""
+  if spec.compact:
+    return slice(0, length - spec.noisy_len), slice(length - spec.noisy_len, length)
   l = length // 2
   first, second = slice(0, l), slice(l, 2 * l)
   return (first, second) if spec.kind == "dual_stream" else (second, first)
+
+
+def _runs_problems(r: int, seg, pos, block: int, where: str) -> list[str]:
+  """Each segment one contiguous run whose positions rise by 1 (clean stream), or, in a
+  compact noisy stream, by 1 inside each block and upwards from block to block."""
+  problems = []
+  for sid in np.unique(seg[seg > 0]):
+    idx = np.flatnonzero(seg == sid)
+    p = pos[idx]
+    if idx[-1] - idx[0] + 1 != len(idx):
+      problems.append(f"row {r}: segment {sid} of the {where} is not one contiguous run")
+    elif block:
+      same = (p[1:] // block) == (p[:-1] // block)
+      if (np.diff(p)[same] != 1).any() or (np.diff(p)[~same] <= 0).any():
+        problems.append(f"row {r}: positions of segment {sid} of the {where} do not rise by "
+                        "1 inside each block")
+    elif (np.diff(p) != 1).any():
+      problems.append(f"row {r}: positions of segment {sid} of the {where} do not increase "
+                      "by 1")
+  return problems
 
 
 def layout_problems(spec: MaskSpec, q_meta, k_meta) -> list[str]:
@@ -80,6 +109,18 @@ def layout_problems(spec: MaskSpec, q_meta, k_meta) -> list[str]:
     if a.shape != b.shape or not np.array_equal(a, b):
       problems.append(f"q and k {name} differ (structured attention is self-attention only)")
   pos, streams, seg = qm
+  if spec.compact:
+    if pos.ndim != 2 or pos.shape[1] <= spec.noisy_len:
+      return problems + [f"metadata must be [batch, L + {spec.noisy_len}], got "
+                         f"{list(pos.shape)}"]
+    clean, noisy = _halves(spec, pos.shape[1])
+    if not ((streams[:, clean] == CLEAN).all() and (streams[:, noisy] == NOISY).all()):
+      problems.append(f"a compact {spec.kind} needs streams [clean | noisy]")
+    for r in range(seg.shape[0]):
+      problems += _runs_problems(r, seg[r, clean], pos[r, clean], 0, "clean stream")
+      problems += _runs_problems(r, seg[r, noisy], pos[r, noisy], spec.block_size,
+                                 "noisy stream")
+    return problems
   if pos.ndim != 2 or pos.shape[1] % 2:
     return problems + [f"metadata must be [batch, 2L], got {list(pos.shape)}"]
   l = pos.shape[1] // 2
@@ -149,16 +190,18 @@ def structured_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, scale: float |
     raise ValueError(f"structured attention handles {TWO_STREAM_KINDS}, not {spec.kind!r}")
   b, t, h, d = q.shape
   kvh = k.shape[2]
-  if k.shape[1] != t or t % 2:
+  if k.shape[1] != t or (t % 2 and not spec.compact) or t <= spec.noisy_len:
     raise ValueError(f"structured {spec.kind} attention needs self-attention over an even "
-                     f"length [clean/noisy halves]; got q length {t}, k length {k.shape[1]}")
+                     f"length [clean/noisy halves] or [clean | compact noisy "
+                     f"({spec.noisy_len})]; got q length {t}, k length {k.shape[1]}")
   if h % kvh:
     raise ValueError(f"{h} query heads are not a multiple of {kvh} kv heads")
   if is_concrete((q_meta, k_meta)):
     check_layout(spec, q_meta, k_meta)
   scale = d ** -0.5 if scale is None else scale
-  l, g = t // 2, h // kvh
+  g = h // kvh
   clean, noisy = _halves(spec, t)
+  lc, l = clean.stop - clean.start, noisy.stop - noisy.start  # clean and noisy lengths
   qm_c = tuple(x[:, clean] for x in q_meta)
   qm_n = tuple(x[:, noisy] for x in q_meta)
   km_c = tuple(x[:, clean] for x in k_meta)
@@ -166,12 +209,12 @@ def structured_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, scale: float |
   kc, vc, kn, vn = k[:, clean], v[:, clean], k[:, noisy], v[:, noisy]
 
   # Clean queries see clean keys only: an L x L block, rule checked per pair.
-  qg_c = q[:, clean].reshape(b, l, kvh, g, d)
+  qg_c = q[:, clean].reshape(b, lc, kvh, g, d)
   s = jnp.einsum("bqkgd,bskd->bkgqs", qg_c, kc, preferred_element_type=jnp.float32) * scale
   mask = _allowed(spec, tuple(x[:, :, None] for x in qm_c), tuple(x[:, None, :] for x in km_c))
   s = jnp.where(mask[:, None, None], s, _FILL)
   p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-  out_c = jnp.einsum("bkgqs,bskd->bqkgd", p, vc).reshape(b, l, h, d)
+  out_c = jnp.einsum("bkgqs,bskd->bqkgd", p, vc).reshape(b, lc, h, d)
 
   # Noisy queries: L clean keys plus the band of noisy keys, one joint softmax.
   qg_n = q[:, noisy].reshape(b, l, kvh, g, d)
@@ -198,8 +241,8 @@ def structured_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, scale: float |
   s_b = jnp.where(mask_b[:, None, None], s_b, _FILL).reshape(b, kvh, g, n * c, w)[..., :l, :]
 
   p = jax.nn.softmax(jnp.concatenate([s_c, s_b], axis=-1), axis=-1).astype(v.dtype)
-  p_c = p[..., :l]
-  p_b = _pad_len(jnp.moveaxis(p[..., l:], 3, 1), 0, n * c - l)  # [b, n*c, kvh, g, w]
+  p_c = p[..., :lc]
+  p_b = _pad_len(jnp.moveaxis(p[..., lc:], 3, 1), 0, n * c - l)  # [b, n*c, kvh, g, w]
   p_b = p_b.reshape(b, n, c, kvh, g, w)
   f32 = jnp.float32  # sum the two parts before rounding to the compute dtype
   out_b = jnp.einsum("bnqkgs,bnskd->bnqkgd", p_b, vb, preferred_element_type=f32)

@@ -57,17 +57,26 @@ class FiniteLoss:
   def run(self, job, step: int) -> None:
     if self.pending is not None:
       self._check(*self.pending)
-    self.pending = (step, job.metrics["loss"])
+    self.pending = (step, job.metrics["loss"], job.metrics.get("mars/noisy_overflow"),
+                    job.metrics.get("mars/noisy_needed"))
 
   def now(self) -> None:
     self._check(*self.pending)
 
-  def _check(self, step: int, loss) -> None:
+  def _check(self, step: int, loss, overflow=None, noisy_needed=None) -> None:
     value = float(loss)
     if not math.isfinite(value):
       good = self.ckpt.latest_step()
-      raise TrainingError(f"loss became {value} at step {step}; stopped. The last good "
-                          f"checkpoint is step {good} in {self.ckpt.directory} (lower train.lr, "
+      where = (f"stopped. The last good checkpoint is step {good} in {self.ckpt.directory}")
+      # The compact MARS stream makes a row that does not fit NaN on purpose: say so.
+      if overflow is not None and float(overflow) > 0:
+        share = float(noisy_needed)
+        raise TrainingError(
+            f"loss became {value} at step {step}: a row's loss-carrying blocks needed "
+            f"{share:.3f} of the row, more than objective.noisy_fraction gives; {where} "
+            f"(raise --config.objective.noisy_fraction above {share:.3f}, or 1.0 for the "
+            "full noisy copy)")
+      raise TrainingError(f"loss became {value} at step {step}; {where} (lower train.lr, "
                           "raise train.warmup_steps or check the data)")
 
 
