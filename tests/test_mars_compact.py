@@ -152,3 +152,12 @@ def test_structured_attention_serves_the_compact_stream():
   broken = (meta[0].copy(), meta[1], meta[2])
   broken[0][0, L + 1] += 1  # a position that skips inside a block of the noisy stream
   assert any("noisy stream" in p for p in layout_problems(inputs.mask, broken, broken))
+
+
+def test_the_step_study_reads_the_share_the_objective_needs():
+  from benchmarks.studies.mars_step import needed_share
+
+  batch = _batch(ROWS)
+  _, inputs = _inputs(0.75, batch)
+  np.testing.assert_allclose(needed_share({k: np.asarray(v) for k, v in batch.items()}, B),
+                             np.asarray(inputs.aux["noisy_needed"]))

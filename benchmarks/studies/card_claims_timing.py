@@ -20,9 +20,11 @@ RATIOS = (("card_over_ar", "card", "ar"), ("bd3lm_over_card", "bd3lm", "card"),
           ("mdlm_over_ar", "mdlm", "ar"))
 
 
-def step_times(configs: dict, rows: dict, rounds: int, steps: int = 5) -> dict:
-  """{"seconds": {objective: [per round]}, ratio: median, "spread": {ratio: [low, high]}}
-  for `configs` ({objective: config}) on the first batch of `rows`."""
+def step_times(configs: dict, rows: dict, rounds: int, steps: int = 5,
+               ratios=RATIOS) -> dict:
+  """{"seconds": {name: [per round]}, ratio: median, "spread": {ratio: [low, high]}} for
+  `configs` ({name: config}) on the first batch of `rows`; `ratios`: (label, numerator,
+  denominator) names."""
   from benchmarks.studies.forked_wsd import Model, Rows
 
   models = {name: Model(config) for name, config in configs.items()}
@@ -46,7 +48,7 @@ def step_times(configs: dict, rows: dict, rounds: int, steps: int = 5) -> dict:
     for name in names[r % len(names):] + names[:r % len(names)]:
       seconds[name].append(run(name, steps))
   out: dict = {"seconds": seconds, "steps_per_round": steps, "spread": {}}
-  for label, top, bottom in RATIOS:
+  for label, top, bottom in ratios:
     if top in seconds and bottom in seconds:
       ratios = [a / b for a, b in zip(seconds[top], seconds[bottom])]
       out[label] = statistics.median(ratios)
