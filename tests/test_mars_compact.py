@@ -119,8 +119,7 @@ def test_a_row_that_does_not_fit_gives_nan_and_says_so():
 
   with pytest.raises(TrainingError, match=r"needed 0.625 of the row.*step 20.*noisy_fraction above "
                                           r"0.625"):
-    FiniteLoss(Checkpoints())._check(21, loss, metrics["mars/noisy_overflow"],
-                                     metrics["mars/noisy_needed"])
+    FiniteLoss(Checkpoints())._check(21, dict(metrics, loss=loss), obj)
 
 
 def test_noisy_fraction_out_of_range_is_a_config_error():
@@ -159,5 +158,8 @@ def test_the_step_study_reads_the_share_the_objective_needs():
 
   batch = _batch(ROWS)
   _, inputs = _inputs(0.75, batch)
-  np.testing.assert_allclose(needed_share({k: np.asarray(v) for k, v in batch.items()}, B),
-                             np.asarray(inputs.aux["noisy_needed"]))
+  nb = {k: np.asarray(v) for k, v in batch.items()}
+  got = needed_share(nb, B)
+  np.testing.assert_allclose(got, np.asarray(inputs.aux["noisy_needed"]))
+  np.testing.assert_allclose(got, [len(_kept({k: v[r] for k, v in nb.items()})) / L
+                                   for r in range(len(ROWS))])

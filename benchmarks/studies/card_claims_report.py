@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cardjax import machine
 
-from benchmarks.common import range_cell
+from benchmarks.common import range_cell, spread
 
 
 def mean_curve(curves: list[list]) -> list:
@@ -55,8 +55,7 @@ def _cell(values: list, digits: int = 3) -> str:
   got = [v for v in values if v is not None]
   if not got:
     return "-"
-  return range_cell(statistics.mean(got), min(got), max(got), digits) if len(got) > 1 \
-      else f"{got[0]:.{digits}f}"
+  return spread(got, digits) if len(got) > 1 else f"{got[0]:.{digits}f}"
 
 
 def table(result: dict) -> str:

@@ -21,13 +21,17 @@ from benchmarks.common import announce, arg_parser, range_cell
 
 
 def needed_share(rows: dict, block: int) -> np.ndarray:
-  """Per row: the share of the row in blocks that hold a loss-carrying output."""
-  out = []
-  for seg, pos, loss in zip(rows["segment_ids"], rows["positions"], rows["loss_mask"]):
-    carrying = {(seg[q], pos[q] // block) for q in range(len(seg) - 1)
-                if seg[q] > 0 and seg[q + 1] == seg[q] and loss[q + 1]}
-    out.append(sum((s, p // block) in carrying for s, p in zip(seg, pos)) / len(seg))
-  return np.array(out)
+  """Per row: the share of the row in blocks that hold a loss-carrying output (the blocks
+  the objective's compact stream keeps: cardjax.objectives.mars.loss_blocks)."""
+  import jax
+
+  from cardjax.objectives.base import next_token_targets
+  from cardjax.objectives.mars import loss_blocks
+
+  _, valid = next_token_targets(rows["tokens"], rows["segment_ids"], rows["loss_mask"])
+  keep = jax.vmap(lambda p, g, w: loss_blocks(p, g, w, block))(
+      rows["positions"], rows["segment_ids"], valid.astype(np.float32))
+  return np.asarray(keep).mean(axis=1)
 
 
 def main() -> None:

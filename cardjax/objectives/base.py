@@ -91,6 +91,11 @@ class Objective:
   def loss(self, logits: jax.Array, inputs: ModelInputs) -> tuple[jax.Array, dict]:
     raise NotImplementedError
 
+  def nonfinite_hint(self, metrics: dict) -> tuple[str, str] | None:
+    """(cause, fix) when this objective made a step's loss non-finite on purpose, read from
+    the step's metrics by the trainer's NaN stop; None: no cause it knows of."""
+    return None
+
   def normalizer(self, inputs: ModelInputs) -> jax.Array:
     """What the loss is a mean over, so gradient accumulation can weight micro-batches
     exactly: the rows that carry any loss (the per-row-mean objectives)."""

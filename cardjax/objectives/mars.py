@@ -42,6 +42,19 @@ from cardjax.objectives.base import (ModelInputs, Objective, next_token_targets,
 from cardjax.objectives.mdlm import require_block_size, require_mask_id
 
 
+def loss_blocks(positions, segment_ids, weights, block: int) -> jax.Array:
+  """One row ([L] arrays; weights: the output weights of base.next_token_targets): True on
+  every token of a (document, block) that holds a loss-carrying output, what the compact
+  noisy stream keeps."""
+  # Runs of equal (segment, block): a document's positions rise by 1, so each block of each
+  # packed document is one run of the row.
+  p, g = positions // block, segment_ids
+  starts = jnp.concatenate([jnp.ones((1,), bool), (g[1:] != g[:-1]) | (p[1:] != p[:-1])])
+  run = jnp.cumsum(starts) - 1
+  carries = jax.ops.segment_max(weights, run, num_segments=g.shape[0]) > 0
+  return carries[run] & (g > 0)
+
+
 class MARS(Objective):
   name = "mars"
   stream_factor = 2
@@ -93,14 +106,7 @@ class MARS(Objective):
     slots = self.noisy_len(length)
 
     def row(noisy, p, g, targets, w):
-      # Runs of equal (segment, block): a document's positions rise by 1, so each block of
-      # each packed document is one run of the row.
-      block = p // self.block_size
-      starts = jnp.concatenate([jnp.ones((1,), bool),
-                                (g[1:] != g[:-1]) | (block[1:] != block[:-1])])
-      run = jnp.cumsum(starts) - 1
-      carries = jax.ops.segment_max(w, run, num_segments=length) > 0
-      keep = carries[run] & (g > 0)
+      keep = loss_blocks(p, g, w, self.block_size)
       needed = jnp.sum(keep)
       slot = jnp.where(keep, jnp.cumsum(keep) - 1, slots)  # slots: past the end, dropped
       source = jnp.full((slots,), length, jnp.int32).at[slot].set(
@@ -125,6 +131,16 @@ class MARS(Objective):
         weights=jnp.concatenate([w, n_w], axis=1),
         aux={"noisy_needed": needed, "noisy_overflow": overflow},
         mask=MaskSpec("dual_stream", self.block_size, noisy_len=slots))
+
+  def nonfinite_hint(self, metrics: dict) -> tuple[str, str] | None:
+    overflow = metrics.get("mars/noisy_overflow")
+    if overflow is None or float(overflow) <= 0:
+      return None
+    share = float(metrics["mars/noisy_needed"])
+    return (f"a row's loss-carrying blocks needed {share:.3f} of the row, more than "
+            "objective.noisy_fraction gives",
+            f"raise --config.objective.noisy_fraction above {share:.3f}, or 1.0 for the full "
+            "noisy copy")
 
   def loss(self, logits, inputs):
     ce = token_ce(logits, inputs.targets)

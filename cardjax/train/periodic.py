@@ -49,7 +49,7 @@ class FiniteLoss:
 
   def __init__(self, ckpt):
     self.ckpt = ckpt
-    self.pending = None  # (step, loss on the device) of the newest step
+    self.pending = None  # (step, metrics on the device, objective) of the newest step
 
   def due(self, step: int) -> bool:
     return True
@@ -57,27 +57,22 @@ class FiniteLoss:
   def run(self, job, step: int) -> None:
     if self.pending is not None:
       self._check(*self.pending)
-    self.pending = (step, job.metrics["loss"], job.metrics.get("mars/noisy_overflow"),
-                    job.metrics.get("mars/noisy_needed"))
+    self.pending = (step, job.metrics, job.objective)
 
   def now(self) -> None:
     self._check(*self.pending)
 
-  def _check(self, step: int, loss, overflow=None, noisy_needed=None) -> None:
-    value = float(loss)
+  def _check(self, step: int, metrics: dict, objective=None) -> None:
+    value = float(metrics["loss"])
     if not math.isfinite(value):
       good = self.ckpt.latest_step()
-      where = (f"stopped. The last good checkpoint is step {good} in {self.ckpt.directory}")
-      # The compact MARS stream makes a row that does not fit NaN on purpose: say so.
-      if overflow is not None and float(overflow) > 0:
-        share = float(noisy_needed)
-        raise TrainingError(
-            f"loss became {value} at step {step}: a row's loss-carrying blocks needed "
-            f"{share:.3f} of the row, more than objective.noisy_fraction gives; {where} "
-            f"(raise --config.objective.noisy_fraction above {share:.3f}, or 1.0 for the "
-            "full noisy copy)")
-      raise TrainingError(f"loss became {value} at step {step}; {where} (lower train.lr, "
-                          "raise train.warmup_steps or check the data)")
+      # An objective that makes a loss NaN on purpose (MARS's compact stream, a row that
+      # does not fit) says why; anything else gets the usual suspects.
+      hint = objective.nonfinite_hint(metrics) if objective is not None else None
+      cause, fix = hint or (None, "lower train.lr, raise train.warmup_steps or check the data")
+      raise TrainingError(f"loss became {value} at step {step}"
+                          f"{': ' + cause if cause else ''}; stopped. The last good "
+                          f"checkpoint is step {good} in {self.ckpt.directory} ({fix})")
 
 
 class Progress:
