@@ -38,7 +38,7 @@ class Metrics:
                                     "Tokens per row-forward of the last decode chunk",
                                     registry=r)
     self.queue = Gauge("cardjax_queue_depth", "Requests waiting for a batch row", registry=r)
-    self.running = Gauge("cardjax_running_requests", "Requests in the decoding batch",
+    self.running = Gauge("cardjax_running_requests", "Requests holding a batch row",
                          registry=r)
     self.tau = Gauge("cardjax_mars_tau", "The server's MARS tau (load-aware or fixed)",
                      registry=r)

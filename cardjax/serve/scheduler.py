@@ -139,13 +139,23 @@ class Scheduler:
   def submit(self, job: Job) -> None:
     with self.cond:
       self.pool.append(job)
-      self.metrics.queue.set(len(self.pool) - self.running)
+      self._publish()
       self.cond.notify()
 
   def waiting(self) -> int:
     """Requests that hold no row yet (a chunked request counts until it finishes)."""
     with self.cond:
       return sum(not j.admitted for j in self.pool)
+
+  def _publish(self) -> None:
+    """The running and queue gauges from the pool (self.cond held): running counts the
+    round's batch and every request holding a pool row (between rounds too); the queue,
+    the rest of the live requests. One rule for every caller, so that a request cancelled
+    wherever the decode thread meets it leaves both gauges."""
+    live = [j for j in self.pool if not j.cancelled]
+    running = min(len(live), max(self.running, sum(j.admitted for j in live)))
+    self.metrics.running.set(running)
+    self.metrics.queue.set(len(live) - running)
 
   def cancel(self, job: Job) -> None:
     """The client went away: the job leaves the pool before the next chunk."""
@@ -174,6 +184,7 @@ class Scheduler:
           if job.admitted:  # the decode thread owns the pools: this is that thread
             self.engine.release(job.settings, job.id)
           self.metrics.requests.labels("cancelled").inc()
+          self._publish()
         if self.pool or self.stopping:
           break
         self.cond.wait()
@@ -197,8 +208,7 @@ class Scheduler:
         batch = batch[:self.max_batch]
       waiting = len(self.pool) - running
       self.running = running
-      self.metrics.running.set(running)
-      self.metrics.queue.set(waiting)
+      self._publish()
       return batch, waiting, continuous
 
   def _hand_off(self) -> None:
@@ -309,8 +319,7 @@ class Scheduler:
     self.metrics.generated(made, sum(forwards.values()))
     with self.cond:
       self.running = 0
-      self.metrics.running.set(0)
-      self.metrics.queue.set(len(self.pool))
+      self._publish()
     self._hand_off()
     clock = time.monotonic()
     self.metrics.thread_seconds.labels("deliver").inc(clock - now)
@@ -367,8 +376,7 @@ class Scheduler:
     self.metrics.generated(made, out.forwards * len(batch))
     with self.cond:
       self.running = 0
-      self.metrics.running.set(0)
-      self.metrics.queue.set(len(self.pool))
+      self._publish()
     self.metrics.thread_seconds.labels("deliver").inc(time.monotonic() - now)
 
   def _deliver(self, job: Job, row: list[int], forwards: int, tau, now: float, stop_ids,
@@ -416,6 +424,8 @@ class Scheduler:
     with self.cond:
       if job in self.pool:
         self.pool.remove(job)
+        self.running = max(0, self.running - 1)
+        self._publish()
     latency = time.monotonic() - job.arrived
     if status == "ok":
       self.metrics.latency.observe(latency)
