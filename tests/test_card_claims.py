@@ -103,3 +103,28 @@ def test_bad_arguments_are_named(monkeypatch):
   monkeypatch.setattr(sys, "argv", ["card_claims", "--model-size", "9"])
   with pytest.raises(SystemExit):
     card_claims.main()
+
+
+def test_tiny_budgets_study_trains_the_named_runs(tmp_path, monkeypatch):
+  # One pass at growing budgets: every seed at the smaller budgets, the first at the
+  # largest; --runs leaves out the half-clean variant.
+  out = tmp_path / "budgets.json"
+  monkeypatch.setattr(sys, "argv", [
+      "card_claims", "--workdir", str(tmp_path / "w"), "--json", str(out), "--budgets", "2,4",
+      "--tokens", "600",
+      "--seeds", "0,1", "--runs", "ar,card", "--hidden", "32", "--layers", "1", "--seq", "32",
+      "--batch", "4", "--warmup", "1", "--eval-batches", "1", "--time-rounds", "0"])
+  card_claims.main()
+  got = json.loads(out.read_text())
+  assert got["budgets"] == [2, 4] and set(got["val_nll"]) == {"ar", "card"}
+  assert [c[1] is None for c in got["val_nll"]["ar"]] == [False, True]
+  ar = [got["val_nll"]["ar"][0][0], got["val_nll"]["ar"][1][0]]
+  card = [got["val_nll"]["card"][0][0], got["val_nll"]["card"][1][0]]
+  assert got["card_over_ar"]["card"][0] == pytest.approx(sum(card) / sum(ar))
+  assert len(got["epochs_of_data"]) == 2 and "step_time" not in got
+
+
+def test_runs_must_name_ar_and_card(monkeypatch):
+  monkeypatch.setattr(sys, "argv", ["card_claims", "--runs", "ar,card_half"])
+  with pytest.raises(SystemExit):
+    card_claims.main()

@@ -19,16 +19,18 @@ crossover) and best against best (each objective stopped at its own best epoch c
 the seeds' range. The train steps of AR, CARD, MDLM and BD3LM are timed on one batch of
 the same rows, in interleaved rounds, for their ratios with a range.
 
---budgets: one pass over the corpus instead (no cap; a budget that needs more rows than the
-split holds repeats it, and the report says so): CARD / AR validation NLL at each budget in
-steps, all seeds at the smaller budgets and the first seed at the largest.
+--budgets: one pass over the corpus instead (no cap unless --tokens names one; a budget that
+needs more rows than the split holds repeats it, and the report says so): CARD / AR
+validation NLL at each budget in steps, all seeds at the smaller budgets and the first seed
+at the largest.
 
 --corpus: a glob of text files (text_corpus, 10% of files held out), `readmes` (the package
 descriptions in the running interpreter's installed distributions, prose and markdown), or
 python_stdlib (the embedded corpus, the default). Writes WORKDIR/card_claims.json (or
 --json), a markdown table beside it and a PNG of validation NLL against epochs; finished
 (seed, objective) curves are kept in WORKDIR/curves.json, so a cut-short study resumes.
-Any --config.KEY=VALUE flag applies to every run (e.g. --config.train.weight_decay=0.3).
+Any --config.KEY=VALUE flag applies to every run (e.g. --config.train.weight_decay=0.3);
+--runs picks the curves (ar and card always; card_half by default).
 """
 
 from __future__ import annotations
@@ -127,10 +129,11 @@ def curves(args, overrides, lengths: dict[int, int], rows_arrays: dict, batches,
   from benchmarks.studies.forked_wsd import Model, Rows, Schedule, train_lengths
 
   done = json.loads(cache.read_text()) if cache.exists() else {}
-  out = {name: [] for name in RUNS}
+  runs = {name: RUNS[name] for name in args.runs.split(",")}
+  out = {name: [] for name in runs}
   for seed in seeds:
     wanted = per_seed_lengths(seed) if per_seed_lengths else list(lengths)
-    for name, (objective, fields) in RUNS.items():
+    for name, (objective, fields) in runs.items():
       key = f"{name}/seed{seed}/" + ",".join(str(lengths[w]) for w in wanted)
       if key not in done:
         config = study_config(args, overrides, objective, seed, **fields)
@@ -156,12 +159,16 @@ def main() -> None:
                       help="a glob of text files (comma-separated globs), readmes, or "
                            "python_stdlib")
   parser.add_argument("--validation-percent", type=int, default=10)
-  parser.add_argument("--tokens", type=int, default=40_000,
-                      help="training tokens (the data-limited cap); 0 = the whole split")
+  parser.add_argument("--tokens", type=int, default=None,
+                      help="training tokens (the data-limited cap; default 40000, and the "
+                           "whole split with --budgets); 0 = the whole split")
   parser.add_argument("--epochs", default="1,2,4,8,16,32,48")
   parser.add_argument("--budgets", default="",
                       help="one-pass budgets in steps (e.g. 600,2400,9600) instead of epochs")
   parser.add_argument("--seeds", default="0,1,2")
+  parser.add_argument("--runs", default=",".join(RUNS),
+                      help=f"the curves each seed trains, from {','.join(RUNS)} (ar and "
+                           "card at least)")
   parser.add_argument("--hidden", type=int, default=128)
   parser.add_argument("--layers", type=int, default=4)
   parser.add_argument("--seq", type=int, default=128)
@@ -179,6 +186,9 @@ def main() -> None:
   bad = [o for o in overrides if not o.startswith("--config.")]
   if bad:
     parser.error(f"unknown arguments {bad}; config overrides look like --config.train.lr=1e-3")
+  runs = args.runs.split(",")
+  if not {"ar", "card"} <= set(runs) or not set(runs) <= set(RUNS):
+    parser.error(f"--runs {args.runs!r}: name ar, card and any of {sorted(RUNS)}")
   from benchmarks.studies import card_claims_report as report
 
   machine = announce("card claims")
@@ -190,8 +200,8 @@ def main() -> None:
 
   prepare(config)
   budgets = [int(b) for b in args.budgets.split(",") if b]
-  rows = read_rows(config, config.data.split,
-                   0 if budgets else args.tokens)
+  cap = args.tokens if args.tokens is not None else (0 if budgets else 40_000)
+  rows = read_rows(config, config.data.split, cap)
   batches = validation_batches(config, args.eval_batches)
   steps_per_epoch = len(rows["tokens"]) // args.batch
   result = {"corpus": args.corpus, "train_tokens": int((rows["segment_ids"] > 0).sum()),
