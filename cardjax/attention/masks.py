@@ -33,8 +33,11 @@ class MaskSpec:
   noisy_len: dual_stream only; 0: the noisy stream is the row's aligned second copy
     ([clean (L) | noisy (L)]); N > 0: the last N tokens are a compact noisy stream, the
     blocks that carry loss packed after the clean stream (MARS with noisy_fraction < 1).
-    The rule is the same (it compares positions, never indices); the Pallas kernels, which
-    tile the two halves by index, do not serve the compact stream.
+    The rule is the same (it compares positions, never indices), so the paths that read
+    per-token metadata serve it: xla (dense and structured) and pallas_gpu (its tile
+    tables come from the metadata, so clean->noisy tiles are still skipped). Splash does
+    not: its mask is a static function of indices, and which blocks a compact row keeps
+    is data (cardjax/attention/splash.py).
   """
 
   kind: str = "causal"

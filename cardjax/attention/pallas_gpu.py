@@ -23,6 +23,12 @@ objectives produce it is as tight as the host tile table (cardjax/attention/tile
 except at document boundaries inside a tile: the causal upper triangle, the MARS
 clean->noisy quarter and the noisy->noisy tiles outside the block band are all EMPTY.
 
+Nothing here reads an index as a position or assumes two equal halves, so the compact
+MARS row (MaskSpec.noisy_len = N: [clean (L) | the N-token stream of the blocks that carry
+loss], any total length) is served as it is: its clean->noisy tiles are EMPTY too, and a
+compact tile that mixes documents or filler only turns PARTIAL
+(tests/test_pallas_gpu_compact.py).
+
 `visit_table` turns the classes into one int32 row per query tile:
 [n_full, n_partial, key tiles that are FULL..., key tiles that are PARTIAL..., padding];
 the forward and dq kernels walk it, the dk/dv kernel walks the same construction over the

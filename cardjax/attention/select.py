@@ -5,6 +5,9 @@
               block_causal); cudnn for causal / bidirectional where cuDNN serves them
               (bf16/fp16, head_dim a multiple of 8 up to 128), else pallas_gpu, else xla.
               CPU (and anything else): xla.
+              The compact MARS noisy stream (MaskSpec.noisy_len > 0) runs on pallas_gpu
+              (it reads per-token metadata) or xla; splash's static index mask cannot
+              encode it (cardjax/attention/splash.py says why), so TPU takes xla.
   xla         cardjax/attention/xla.py (dense reference, structured two-stream path).
   splash      cardjax/attention/splash.py, TPU only (or interpret mode).
   pallas_gpu  cardjax/attention/pallas_gpu.py, GPU only (or interpret mode).
@@ -107,9 +110,6 @@ def unsupported_reason(impl: str, spec: MaskSpec, q_len: int, k_len: int, head_d
     how = "" if impl == "cudnn" else (
         f" (or interpret mode, slow: {INTERPRET_ENV}=1 or attend(..., interpret=True))")
     return f"{impl} runs on {want.upper()}, this is {platform.upper()}{how}"
-  if spec.compact:
-    return ("the compact MARS noisy stream (objective.noisy_fraction < 1) has no aligned "
-            "halves for the kernels to tile; it runs on xla")
   if impl == "splash":
     from cardjax.attention import splash
     return splash.unsupported_reason(spec, q_len, k_len, head_dim)

@@ -24,6 +24,18 @@ derivable from them):
     The SFT pipeline guarantees it (conversations are EOS-padded to a multiple of the MARS
     block size, cardjax/data/pipeline.py); pretraining's arbitrary-length packing does NOT,
     so MARS/BD3LM on packed pretraining rows needs attention_impl=xla.
+  * not the compact MARS noisy stream (MaskSpec.noisy_len > 0): it holds only the blocks
+    of each row that carry loss, so which position a noisy index holds differs per row
+    and per step; a static mask cannot say it, and the per-row SegmentIds cannot either
+    (noisy -> clean needs "earlier block of the same document", an order, not an
+    equality). `unsupported_reason` refuses it; xla's structured path and pallas_gpu (which
+    read per-token metadata) serve it. Two exact routes exist and are not taken: splash's
+    dynamic mask (a jax.Array mask, which splash materialises whole, [T, T] per row and
+    head group: the memory the kernel exists to avoid), or scattering the compact noisy
+    q, k, v back into an aligned [clean | noisy (L)] row for the static dual_stream mask
+    and gathering the kept rows out (exact under this contract, since kept blocks are
+    whole and no kept query sees another block's noisy keys, but attention then costs
+    the full 2L row: only the MLP and projections keep the compact saving).
 Under the contract the index-derived mask equals `spec.allowed` on the real metadata for
 every pair of the same segment, and splash's segment mask does the rest. `check_layout`
 verifies it whenever the metadata is concrete (eager calls, tests); under jit it cannot be
@@ -178,6 +190,12 @@ def block_sizes(length: int, block_q: int = DEFAULT_BLOCK, block_kv: int = DEFAU
 
 def unsupported_reason(spec: MaskSpec, q_len: int, k_len: int, head_dim: int) -> str | None:
   """Why splash cannot serve these shapes (None when it can)."""
+  if spec.compact:
+    return ("the compact MARS noisy stream (objective.noisy_fraction < 1) keeps different "
+            "blocks in each row, so a noisy token's position is data, not a function of its "
+            "index, and splash's mask is a static function of indices (segment ids, its "
+            "only per-row input, test equality only); attention_impl=xla (structured) or "
+            "pallas_gpu serve it")
   if q_len != k_len:
     return (f"splash serves self-attention (q length == k length); got {q_len} queries "
             f"over {k_len} keys")
