@@ -6,7 +6,8 @@ padding before and after the documents, an empty row, documents ending mid-block
 odd total length (L + N = 63 + 40) that is no tile multiple. Every token sees itself, so
 every row (padding and filler included) is compared with the dense reference. Tolerance:
 float32 throughout, 2e-5 (as tests/test_pallas_gpu.py). Selection: attention_impl may now
-name pallas_gpu for a compact row, and auto picks it on GPU; splash still refuses it.
+name pallas_gpu for a compact row, and auto picks it on GPU (splash serves it on TPU:
+tests/test_attention_splash_compact.py).
 """
 
 import jax
@@ -147,7 +148,8 @@ def test_long_row_skips_clean_to_noisy_and_out_of_block_tiles():
 
 def test_selection_serves_compact_with_pallas_gpu_and_xla(monkeypatch):
   """attention_impl=pallas_gpu runs a compact row (on GPU or interpreted), auto picks it on
-  GPU, TPU's auto takes xla, and splash and cuDNN refuse it with their reasons."""
+  GPU, TPU's auto takes splash (its scatter and gather route), and cuDNN refuses it with
+  its reason."""
   monkeypatch.setattr(select, "_logged", set())
   monkeypatch.delenv(select.INTERPRET_ENV, raising=False)
   spec = compact_inputs(ROWS, L, FRACTION)[0]
@@ -155,9 +157,6 @@ def test_selection_serves_compact_with_pallas_gpu_and_xla(monkeypatch):
   assert choose("pallas_gpu", spec, q, kv, jnp.bfloat16, platform="gpu") == "pallas_gpu"
   assert choose("pallas_gpu", spec, q, kv, interpret=True) == "pallas_gpu"
   assert choose("auto", spec, q, kv, jnp.bfloat16, platform="gpu") == "pallas_gpu"
-  assert choose("auto", spec, q, kv, platform="tpu") == "xla"
-  with pytest.raises(AttentionImplError, match=r"compact MARS noisy stream.*static function "
-                                               r"of indices.*attention_impl=xla"):
-    choose("splash", spec, q, kv, platform="tpu")
+  assert choose("auto", spec, q, kv, platform="tpu") == "splash"
   with pytest.raises(AttentionImplError, match="cuDNN serves.*not 'dual_stream'"):
     choose("cudnn", spec, q, kv, jnp.bfloat16, platform="gpu")

@@ -35,9 +35,11 @@ class MaskSpec:
     blocks that carry loss packed after the clean stream (MARS with noisy_fraction < 1).
     The rule is the same (it compares positions, never indices), so the paths that read
     per-token metadata serve it: xla (dense and structured) and pallas_gpu (its tile
-    tables come from the metadata, so clean->noisy tiles are still skipped). Splash does
-    not: its mask is a static function of indices, and which blocks a compact row keeps
-    is data (cardjax/attention/splash.py).
+    tables come from the metadata, so clean->noisy tiles are still skipped). Splash's
+    mask is a static function of indices and which blocks a compact row keeps is data,
+    so splash scatters the kept blocks into an aligned [clean | noisy (L)] row and
+    gathers their outputs back (cardjax/attention/splash_compact.py): exact, at the full
+    copy's attention cost.
   """
 
   kind: str = "causal"

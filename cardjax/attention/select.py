@@ -5,9 +5,11 @@
               block_causal); cudnn for causal / bidirectional where cuDNN serves them
               (bf16/fp16, head_dim a multiple of 8 up to 128), else pallas_gpu, else xla.
               CPU (and anything else): xla.
-              The compact MARS noisy stream (MaskSpec.noisy_len > 0) runs on pallas_gpu
-              (it reads per-token metadata) or xla; splash's static index mask cannot
-              encode it (cardjax/attention/splash.py says why), so TPU takes xla.
+              The compact MARS noisy stream (MaskSpec.noisy_len > 0) is served too:
+              on GPU by pallas_gpu (it reads per-token metadata), on TPU by splash,
+              which scatters the kept blocks into an aligned [clean | noisy] row for its
+              static index mask (cardjax/attention/splash_compact.py; attention then
+              costs the full copy's 2L row, only the MLP and projections keep the saving).
   xla         cardjax/attention/xla.py (dense reference, structured two-stream path).
   splash      cardjax/attention/splash.py, TPU only (or interpret mode).
   pallas_gpu  cardjax/attention/pallas_gpu.py, GPU only (or interpret mode).

@@ -24,27 +24,28 @@ derivable from them):
     The SFT pipeline guarantees it (conversations are EOS-padded to a multiple of the MARS
     block size, cardjax/data/pipeline.py); pretraining's arbitrary-length packing does NOT,
     so MARS/BD3LM on packed pretraining rows needs attention_impl=xla.
-  * not the compact MARS noisy stream (MaskSpec.noisy_len > 0): it holds only the blocks
-    of each row that carry loss, so which position a noisy index holds differs per row
-    and per step; a static mask cannot say it, and the per-row SegmentIds cannot either
-    (noisy -> clean needs "earlier block of the same document", an order, not an
-    equality). `unsupported_reason` refuses it; xla's structured path and pallas_gpu (which
-    read per-token metadata) serve it. Two exact routes exist and are not taken: splash's
-    dynamic mask (a jax.Array mask, which splash materialises whole, [T, T] per row and
-    head group: the memory the kernel exists to avoid), or scattering the compact noisy
-    q, k, v back into an aligned [clean | noisy (L)] row for the static dual_stream mask
-    and gathering the kept rows out (exact under this contract, since kept blocks are
-    whole and no kept query sees another block's noisy keys, but attention then costs
-    the full 2L row: only the MLP and projections keep the compact saving).
+  * the compact MARS noisy stream (MaskSpec.noisy_len = N > 0, T = L + N: [clean (L) |
+    the whole blocks that carry loss, then filler]): the clean stream [0, L) follows the
+    contract above, every noisy token of a segment > 0 has a clean token of the same
+    segment and position, and the kept blocks are whole (what cardjax.objectives.mars
+    produces). Which blocks a row keeps is data, which a static index mask cannot say,
+    so cardjax/attention/splash_compact.py scatters the compact noisy q, k, v into an
+    aligned [clean | noisy (L)] row, runs the static dual_stream mask on it and gathers
+    the kept tokens' outputs back: exact, but attention costs the full 2L row (the full
+    copy's attention, never more); only the MLP and projections keep the compact saving.
+    The other exact route, splash's dynamic mask (a jax.Array mask, which splash
+    materialises whole, [T, T] per row and head group: the memory the kernel exists to
+    avoid), is not taken.
 Under the contract the index-derived mask equals `spec.allowed` on the real metadata for
 every pair of the same segment, and splash's segment mask does the rest. `check_layout`
 verifies it whenever the metadata is concrete (eager calls, tests); under jit it cannot be
 checked without a host round trip, so it is documented here and tested in
-tests/test_attention_splash.py.
+tests/test_attention_splash.py (compact rows: tests/test_attention_splash_compact.py).
 
-Padding (segment 0) rows: their output is set to 0 (the reference gives them an average of
-other padding tokens; no loss reads them). Real tokens never see padding, so losses and
-gradients of any loss that gives padding zero weight equal the reference's.
+Padding (segment 0) rows, compact filler included: their output is set to 0 (the
+reference gives them an average of other padding tokens; no loss reads them). Real tokens
+never see padding, so losses and gradients of any loss that gives padding zero weight
+equal the reference's.
 
 Lengths: splash tiles are multiples of 128, so T is padded up to a multiple of 128 with
 slots of their own segment (-1: they see only each other and are cut off afterwards).
@@ -76,6 +77,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 from jax.sharding import PartitionSpec as P
 
+from cardjax.attention import splash_compact
 from cardjax.attention.masks import CLEAN, NOISY, MaskSpec
 from cardjax.attention.structured import TWO_STREAM_KINDS, is_concrete
 from cardjax.attention.structured import layout_problems as stream_problems
@@ -135,7 +137,8 @@ def layout_problems(spec: MaskSpec, q_meta, k_meta) -> list[str]:
     problems = stream_problems(spec, qm, km)
     if problems:
       return problems
-    l = qm[0].shape[1] // 2
+    # The clean stream is the first half, or the first L = T - N tokens of a compact row.
+    l = qm[0].shape[1] - spec.noisy_len if spec.compact else qm[0].shape[1] // 2
     pos, seg = qm[0][:, :l], qm[2][:, :l]
   else:
     problems = []
@@ -147,6 +150,8 @@ def layout_problems(spec: MaskSpec, q_meta, k_meta) -> list[str]:
     pos, seg = qm[0], qm[2]
   if spec.kind == "bidirectional":
     return []
+  if spec.compact:
+    problems += splash_compact.layout_problems(spec, qm)
   idx = np.arange(pos.shape[1])
   offset = pos - idx  # constant along a segment under the contract
   for r in range(seg.shape[0]):
@@ -190,16 +195,15 @@ def block_sizes(length: int, block_q: int = DEFAULT_BLOCK, block_kv: int = DEFAU
 
 def unsupported_reason(spec: MaskSpec, q_len: int, k_len: int, head_dim: int) -> str | None:
   """Why splash cannot serve these shapes (None when it can)."""
-  if spec.compact:
-    return ("the compact MARS noisy stream (objective.noisy_fraction < 1) keeps different "
-            "blocks in each row, so a noisy token's position is data, not a function of its "
-            "index, and splash's mask is a static function of indices (segment ids, its "
-            "only per-row input, test equality only); attention_impl=xla (structured) or "
-            "pallas_gpu serve it")
   if q_len != k_len:
     return (f"splash serves self-attention (q length == k length); got {q_len} queries "
             f"over {k_len} keys")
-  if spec.kind in TWO_STREAM_KINDS and q_len % 2:
+  if spec.compact and spec.noisy_len > q_len - spec.noisy_len:
+    # Its tokens are whole blocks of the clean stream, scattered into an aligned copy of it.
+    return (f"a compact noisy stream of {spec.noisy_len} tokens holds blocks of the clean "
+            f"stream, so it cannot be longer than the clean stream ({q_len - spec.noisy_len} "
+            "tokens)")
+  if spec.kind in TWO_STREAM_KINDS and not spec.compact and q_len % 2:
     return f"{spec.kind} needs an even row of two halves; got length {q_len}"
   del head_dim  # splash's q/k/v tiles span the whole head_dim: any size lowers
   return None
@@ -249,7 +253,7 @@ def splash_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret: bool
   """Attention by the splash kernel, equal to `reference_attention` on real tokens under
   the layout contract of this module (padding rows give 0). block_q / block_kv: tile edges
   (multiples of 128; default min(512, T) rounded to a divisor of the padded length)."""
-  b, t, h, d = q.shape
+  _, t, h, d = q.shape
   kvh = k.shape[2]
   if h % kvh:
     raise ValueError(f"{h} query heads are not a multiple of {kvh} kv heads")
@@ -262,18 +266,28 @@ def splash_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret: bool
   for name, blk in (("block_q", block_q), ("block_kv", block_kv)):
     if blk is not None and (blk < LANES or blk % LANES):
       raise ValueError(f"splash {name}={blk} must be a positive multiple of {LANES}")
+  # A compact row runs as its aligned [clean | noisy (L)] row (splash_compact.py).
+  run_t = 2 * (t - spec.noisy_len) if spec.compact else t
   blocks = None
   if block_q or block_kv:
-    blocks = block_sizes(-(-t // LANES) * LANES, block_q or DEFAULT_BLOCK,
+    blocks = block_sizes(-(-run_t // LANES) * LANES, block_q or DEFAULT_BLOCK,
                          block_kv or DEFAULT_BLOCK)
-  half = t // 2 if spec.kind in TWO_STREAM_KINDS else t
-  local = functools.partial(_local, spec=spec, half=half, interpret=interpret, blocks=blocks,
-                            scale=d ** -0.5 if scale is None else scale)
-  seg = jnp.asarray(q_meta[2], jnp.int32)
+  run_spec = MaskSpec(spec.kind, spec.block_size)  # the static mask of the (aligned) row
+  half = run_t // 2 if spec.kind in TWO_STREAM_KINDS else run_t
+  local = functools.partial(_local, spec=run_spec, half=half, interpret=interpret,
+                            blocks=blocks, scale=d ** -0.5 if scale is None else scale)
+  attend = functools.partial(_sharded, local=local, h=h, kvh=kvh)
+  if spec.compact:
+    return splash_compact.compact_attention(attend, q, k, v, spec, q_meta)
+  return attend(q, k, v, jnp.asarray(q_meta[2], jnp.int32))
+
+
+def _sharded(q, k, v, seg, *, local, h: int, kvh: int):
+  """`local` on the whole batch, inside shard_map under a mesh (module docstring)."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or set(mesh.axis_names) <= set(mesh.manual_axes):
     return local(q, k, v, seg)
-  batch, heads = _mesh_specs(mesh, b, h, kvh)
+  batch, heads = _mesh_specs(mesh, q.shape[0], h, kvh)
   qs, rows = P(batch, None, heads, None), P(batch, None)
   sharded = jax.shard_map(local, in_specs=(qs, qs, qs, rows), out_specs=qs, check_vma=False)
   return sharded(q, k, v, seg)
