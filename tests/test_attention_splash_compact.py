@@ -32,11 +32,11 @@ from cardjax.attention.select import AttentionImplError, choose
 from cardjax.attention.splash import check_layout, layout_problems, splash_attention
 from cardjax.attention.splash_compact import counterparts
 from cardjax.model import create_model
-from objectives_helpers import MASK, MODEL_CFG, objective
+from compact_helpers import FAST_COMPILE, compact_corrupt, out_and_grads, sft_batch
+from objectives_helpers import MODEL_CFG, objective
 
 B, L, FRACTION = 4, 48, 0.6  # N = ceil(0.6 * 48 / 4) * 4 = 32 slots
 TOL = (1e-5, 5e-5)  # float32: outputs, gradients (online vs one-shot softmax)
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 # Per row: (padding before, conversations); a conversation is (tokens, carries loss) spans
 # whose total is a multiple of B. Multi-turn, responses starting mid-block and right after
 # a block edge, a response at a document's start, a full row, an empty row.
@@ -50,25 +50,8 @@ ROWS = [(0, [[(5, False), (7, True)], [(3, False), (4, True), (6, False), (3, Tr
 def compact_inputs(rows, seed=0):
   """(spec, (positions, streams, segments) [rows, L + N], data batch) of MARS's compact
   corrupt of these rows."""
-  arrays = {k: np.zeros((len(rows), L), np.int32)
-            for k in ("tokens", "positions", "segment_ids", "loss_mask")}
-  arrays["tokens"][:] = np.random.default_rng(seed).integers(1, MASK, (len(rows), L))
-  for r, (lead, docs) in enumerate(rows):
-    assert lead % B == 0
-    i = lead
-    for s, spans in enumerate(docs):
-      start = i
-      for n, carries in spans:
-        arrays["segment_ids"][r, i:i + n] = s + 1
-        arrays["loss_mask"][r, i:i + n] = int(carries)
-        i += n
-      assert (i - start) % B == 0
-      arrays["positions"][r, start:i] = np.arange(i - start)
-    assert i <= L
-  batch = {k: jnp.asarray(v) for k, v in arrays.items()}
-  inputs = jax.jit(objective("mars", block_size=B, noisy_fraction=FRACTION).corrupt)(
-      batch, jax.random.key(0))
-  assert inputs.mask.compact and not np.asarray(inputs.aux["noisy_overflow"]).any()
+  batch = sft_batch(rows, L, seed, block=B)
+  inputs = compact_corrupt(batch, B, FRACTION)
   meta = tuple(np.asarray(x) for x in (inputs.positions, inputs.streams, inputs.segment_ids))
   return inputs.mask, meta, batch
 
@@ -88,16 +71,6 @@ def test_counterparts_are_the_clean_tokens_of_the_same_segment_and_position():
   assert (got < L).sum() == 20 + 20 + 28 + 28  # every kept token of rows 0..3 is placed
 
 
-def grads_fn(fn, spec):
-  """jit((q, k, v, w, meta) -> (out, (dq, dk, dv))) of the loss sum(out * w)."""
-  def loss(q, k, v, w, meta):
-    out = fn(q, k, v, spec, meta, meta)
-    return jnp.sum(out * w), out
-
-  grad = jax.grad(loss, argnums=(0, 1, 2), has_aux=True)
-  return jax.jit(lambda *a: grad(*a)[::-1], compiler_options=FAST_COMPILE)
-
-
 def test_outputs_and_gradients_equal_the_reference():
   """Output on every real token (clean and kept noisy) and dq, dk, dv (GQA 2) equal the
   dense reference on the compact metadata, for the rows in two orders (traced metadata:
@@ -105,7 +78,7 @@ def test_outputs_and_gradients_equal_the_reference():
   spec = compact_inputs(ROWS)[0]
   kernel = lambda q, k, v, spec, qm, km: splash_attention(  # noqa: E731
       q, k, v, spec, qm, km, interpret=True)
-  got_fn, ref_fn = grads_fn(kernel, spec), grads_fn(reference_attention, spec)
+  got_fn, ref_fn = out_and_grads(kernel, spec), out_and_grads(reference_attention, spec)
   for seed, rows in enumerate((ROWS, ROWS[::-1])):
     _, meta, _ = compact_inputs(rows, seed)
     b, t = meta[0].shape

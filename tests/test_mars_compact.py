@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from compact_helpers import sft_batch
 from objectives_helpers import MASK, MODEL_CFG, objective, small_model
 from cardjax.train.periodic import FiniteLoss, TrainingError
 
@@ -24,24 +25,6 @@ ROWS = [(0, [[(5, False), (7, True)], [(3, False), (4, True), (6, False), (3, Tr
         (0, [[(8, False), (4, True)]]),
         (4, [[(16, True)]]),
         (L, [])]
-
-
-def _batch(rows, length=L, seed=0):
-  rng = np.random.default_rng(seed)
-  out = {k: np.zeros((len(rows), length), np.int32)
-         for k in ("tokens", "positions", "segment_ids", "loss_mask")}
-  out["tokens"][:] = rng.integers(1, MASK, out["tokens"].shape)
-  for r, (lead, docs) in enumerate(rows):
-    i = lead
-    for s, spans in enumerate(docs):
-      start = i
-      for n, carries in spans:
-        out["segment_ids"][r, i:i + n] = s + 1
-        out["loss_mask"][r, i:i + n] = int(carries)
-        i += n
-      out["positions"][r, start:i] = np.arange(i - start)
-    assert i <= length
-  return {k: jnp.asarray(v) for k, v in out.items()}
 
 
 def _kept(row: dict) -> list[tuple[int, int]]:
@@ -60,7 +43,7 @@ def _inputs(fraction, batch):
 
 
 def test_the_compact_stream_keeps_the_loss_carrying_blocks():
-  batch = _batch(ROWS)
+  batch = sft_batch(ROWS, L)
   nb = {k: np.asarray(v) for k, v in batch.items()}
   obj, inputs = _inputs(0.75, batch)
   slots = obj.noisy_len(L)
@@ -95,7 +78,7 @@ def _loss_and_grads(model, obj, inputs):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_loss_and_gradients_equal_the_full_stream(seed):
   model = small_model()
-  batch = _batch(ROWS, seed=seed)
+  batch = sft_batch(ROWS, L, seed)
   full_loss, full_grads = _loss_and_grads(model, *_inputs(1.0, batch))
   compact_loss, compact_grads = _loss_and_grads(model, *_inputs(0.75, batch))
   assert compact_loss == pytest.approx(full_loss, rel=1e-5)
@@ -104,7 +87,7 @@ def test_loss_and_gradients_equal_the_full_stream(seed):
 
 
 def test_a_row_that_does_not_fit_gives_nan_and_says_so():
-  batch = _batch(ROWS)
+  batch = sft_batch(ROWS, L)
   obj, inputs = _inputs(0.5, batch)  # 16 slots; row 0 needs 20
   logits = jnp.zeros(inputs.tokens.shape + (MODEL_CFG.vocab_size,))
   loss, metrics = jax.jit(obj.loss)(logits, inputs)
@@ -136,7 +119,7 @@ def test_structured_attention_serves_the_compact_stream():
   from cardjax.attention.reference import reference_attention
   from cardjax.attention.structured import layout_problems, structured_attention
 
-  batch = _batch(ROWS, seed=2)
+  batch = sft_batch(ROWS, L, 2)
   _, inputs = _inputs(0.75, batch)
   meta = tuple(np.asarray(a) for a in (inputs.positions, inputs.streams, inputs.segment_ids))
   assert layout_problems(inputs.mask, meta, meta) == []
@@ -156,7 +139,7 @@ def test_structured_attention_serves_the_compact_stream():
 def test_the_step_study_reads_the_share_the_objective_needs():
   from benchmarks.studies.mars_step import needed_share
 
-  batch = _batch(ROWS)
+  batch = sft_batch(ROWS, L)
   _, inputs = _inputs(0.75, batch)
   nb = {k: np.asarray(v) for k, v in batch.items()}
   got = needed_share(nb, B)

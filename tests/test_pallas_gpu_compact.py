@@ -18,11 +18,10 @@ import pytest
 from cardjax.attention import dense_mask, reference_attention, select
 from cardjax.attention import pallas_gpu as pg
 from cardjax.attention.select import AttentionImplError, choose
-from objectives_helpers import MASK, objective
+from compact_helpers import compact_corrupt, out_and_grads, sft_batch
 
 B, L, FRACTION = 4, 63, 0.6  # N = ceil(0.6 * 63 / 4) * 4 = 40 slots
 TOL = 2e-5
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 # Per row: (padding before, documents); a document is (tokens, carries loss) spans.
 ROWS = [(0, [[(5, False), (7, True)], [(3, False), (4, True), (6, False), (3, True)],
              [(6, False), (9, True)]]),
@@ -34,34 +33,8 @@ ROWS = [(0, [[(5, False), (7, True)], [(3, False), (4, True), (6, False), (3, Tr
 
 def compact_inputs(rows, length, fraction, seed=0):
   """(spec, (positions, streams, segments) [rows, L + N]) of MARS's compact corrupt."""
-  arrays = {k: np.zeros((len(rows), length), np.int32)
-            for k in ("tokens", "positions", "segment_ids", "loss_mask")}
-  arrays["tokens"][:] = np.random.default_rng(seed).integers(1, MASK, (len(rows), length))
-  for r, (lead, docs) in enumerate(rows):
-    i = lead
-    for s, spans in enumerate(docs):
-      start = i
-      for n, carries in spans:
-        arrays["segment_ids"][r, i:i + n] = s + 1
-        arrays["loss_mask"][r, i:i + n] = int(carries)
-        i += n
-      arrays["positions"][r, start:i] = np.arange(i - start)
-    assert i <= length
-  obj = objective("mars", block_size=B, noisy_fraction=fraction)
-  inputs = jax.jit(obj.corrupt)({k: jnp.asarray(v) for k, v in arrays.items()},
-                                jax.random.key(0))
-  assert inputs.mask.compact and not np.asarray(inputs.aux["noisy_overflow"]).any()
+  inputs = compact_corrupt(sft_batch(rows, length, seed), B, fraction)
   return inputs.mask, (inputs.positions, inputs.streams, inputs.segment_ids)
-
-
-def value_and_grads(fn, spec):
-  """jit((q, k, v, w, meta) -> (out, (dq, dk, dv))) of the loss sum(out * w)."""
-  def loss(q, k, v, w, meta):
-    out = fn(q, k, v, spec, meta, meta)
-    return jnp.sum(out * w), out
-
-  grad = jax.grad(loss, argnums=(0, 1, 2), has_aux=True)
-  return jax.jit(lambda *a: grad(*a)[::-1], compiler_options=FAST_COMPILE)
 
 
 @pytest.mark.parametrize("blocks", [(16, 32), (32, 16)], ids=["16x32", "32x16"])
@@ -72,7 +45,7 @@ def test_outputs_and_gradients_equal_the_dense_reference(blocks):
   spec = compact_inputs(ROWS, L, FRACTION)[0]
   kernel = lambda q, k, v, spec, qm, km: pg.pallas_gpu_attention(  # noqa: E731
       q, k, v, spec, qm, km, interpret=True, block_q=blocks[0], block_k=blocks[1])
-  got_fn, ref_fn = value_and_grads(kernel, spec), value_and_grads(reference_attention, spec)
+  got_fn, ref_fn = out_and_grads(kernel, spec), out_and_grads(reference_attention, spec)
   for seed, rows in enumerate((ROWS, ROWS[::-1])):
     _, meta = compact_inputs(rows, L, FRACTION)
     b, t = meta[0].shape
