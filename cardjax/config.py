@@ -111,6 +111,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.lora.targets = "all"  # comma-separated of q,k,v,o,gate,up,down, or all
   c.train.lora.dropout = 0.0  # dropout on the adapters' input (training only)
   c.train.lora.base_dtype = ""  # store the frozen base in this dtype ("" = model.param_dtype)
+  c.train.lora.init_from = ""  # a PEFT adapter folder to start the adapters from ("" =
+  #   fresh ones); its rank, alpha and targets must be the ones above (docs/hf.md)
   c.train.progress = True  # a progress bar on the terminal
   c.train.compilation_cache_dir = ""  # a persistent XLA cache ("" = off): a restarted
   #   pod job loads the compiled step instead of compiling it again
@@ -301,6 +303,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     if t.lora.base_dtype and t.lora.base_dtype not in DTYPES:
       raise ConfigError(f"config train.lora.base_dtype={t.lora.base_dtype!r}: one of "
                         f"{DTYPES}, or '' for model.param_dtype")
+  elif t.lora.init_from:
+    raise ConfigError(f"config train.lora.init_from={t.lora.init_from!r} continues a LoRA "
+                      "adapter: set train.lora.rank (and alpha, targets) to the adapter's")
   if d.tokenizer_vocab > config.model.vocab_size and not d.tokenizer:
     raise ConfigError(f"config data.tokenizer_vocab={d.tokenizer_vocab} exceeds "
                       f"model.vocab_size={config.model.vocab_size}")

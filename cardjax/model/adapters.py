@@ -39,6 +39,17 @@ def init_adapters(cfg, spec: LoraSpec, seed: int = 0, mesh=None) -> dict:
     return jax.jit(make, out_shardings=shardings)()
 
 
+def place(cfg, spec: LoraSpec, values: dict, mesh=None) -> dict:
+  """Host (numpy) adapters, e.g. read from a PEFT folder, as arrays in the shardings fresh
+  ones get on `mesh`; every host passes the whole value and keeps only its shards."""
+  if mesh is None:
+    return jax.tree.map(jax.numpy.asarray, values)
+  abstract = nnx.split(abstract_model(cfg, lora=spec), nnx.LoRAParam, nnx.Param)[1]
+  shardings = nnx.to_pure_dict(param_shardings(abstract, mesh))
+  return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]),
+                      values, shardings)
+
+
 def attach(model: Decoder, spec: LoraSpec, seed: int = 0, mesh=None,
            adapters: dict | None = None) -> Decoder:
   """`model` (a plain Decoder) with `spec`'s adapters: fresh ones, or `adapters` (a pure

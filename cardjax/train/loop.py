@@ -58,7 +58,7 @@ def train(config, workdir: str | Path) -> dict:
   workdir = resolve(workdir)
   # A bad value, an unreachable bucket, missing credentials: each fails before any work.
   profile_steps = parse_steps(config.train.profile_steps, config.train.steps)
-  for path in (workdir, config.train.init_from):
+  for path in (workdir, config.train.init_from, config.train.lora.init_from):
     if path:
       check(path)
   if not is_remote(workdir):
@@ -146,6 +146,19 @@ def _init_model(config, mesh):
     raise CardjaxError(f"train.init_from={source!r}: {e}") from None
 
 
+def _peft_adapters(source: str, cfg, spec, mesh) -> dict:
+  """The adapters of the PEFT folder train.lora.init_from names, checked against the
+  config's spec and the base's shapes, in their shardings on `mesh`."""
+  from cardjax.hf.peft import read_adapter
+  from cardjax.storage.transfer import cached_copy
+
+  try:
+    values = read_adapter(cached_copy(source), cfg, spec)
+  except CheckpointError as e:
+    raise CardjaxError(f"train.lora.init_from={source!r}: {e}") from None
+  return lora_adapters.place(cfg, spec, values, mesh)
+
+
 def setup(config, workdir: str | Path, mesh) -> Job:
   """The model (resumed, loaded or new), optimizer, data, checkpointer, jitted steps and
   metrics writer of a run, inside `mesh` (and its sharding rules)."""
@@ -163,8 +176,13 @@ def setup(config, workdir: str | Path, mesh) -> Job:
     base, origin = _init_model(config, mesh)
     if t.lora.base_dtype:
       base = cast_params(base, t.lora.base_dtype)
-    model = lora_adapters.attach(base, spec, seed=config.seed, mesh=mesh)
+    start_from = None
+    if t.lora.init_from and latest is None:  # a resumed run restores its own adapters
+      start_from = _peft_adapters(t.lora.init_from, base.cfg, spec, mesh)
+    model = lora_adapters.attach(base, spec, seed=config.seed, mesh=mesh, adapters=start_from)
     origin = f"LoRA rank {spec.rank} on {','.join(spec.targets)} over {origin}"
+    if start_from is not None:
+      origin += f", adapters from PEFT {t.lora.init_from}"
     if latest is not None:
       origin += f", resumed from step {latest}"
   elif latest is not None:
