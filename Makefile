@@ -1,9 +1,11 @@
 # Set-up is two commands on a fresh machine: `make demo` and `make test`.
-# Both create .venv when it is missing and install cardjax into it.
+# Both create .venv when it is missing and install cardjax into it: `make demo` with the
+# demo extra only (matplotlib), `make test` with everything the tests use (docs/install.md).
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 GPU_PLAN_STAMP := $(VENV)/gpu-plan/.installed
 PYTEST_ARGS ?=
 # pytest-xdist workers for make test (0: one process). Two on the 2-core CI box: much of
@@ -11,7 +13,7 @@ PYTEST_ARGS ?=
 # make test lists its 15 slowest tests, so a slow one shows in every log.
 TEST_WORKERS ?= 2
 
-.PHONY: demo test lint test-slow bench-decode bench-check bench-pack bench-pack-day gpu-day-carry bench-wheels smollm2 bench-real install install-gpu-plan clean
+.PHONY: demo test lint test-slow bench-decode bench-check bench-pack bench-pack-day gpu-day-carry bench-wheels smollm2 bench-real install install-gpu-plan clean docs
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -26,9 +28,19 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	# would make every other jax process look for a TPU first.
 	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(VENV)/libtpu-plan \
 	  "$$($(BIN)/python -c 'import importlib.metadata as m; print(next(r.split(";")[0] for r in m.requires("jax") if r.startswith("libtpu")))')"
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
 
 install: $(STAMP)
+
+# What `make demo` needs and no more: cardjax and matplotlib (about 1.3 GB in the venv), no
+# torch, transformers or test tools; the demo compares logits with transformers only when it
+# is installed. The full install above includes the demo extra, so it stamps this one too.
+$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[demo]'
+	touch $(DEMO_STAMP)
+
+.PHONY: install-demo
+install-demo: $(DEMO_STAMP)
 
 # XLA:GPU without a GPU, for `cardjax plan --topology 8xH200` and the kernel compile tests:
 # jax's CUDA plugin (the version of the installed jaxlib), ptxas, and cuDNN (jax asks the
@@ -46,7 +58,7 @@ $(GPU_PLAN_STAMP): $(STAMP)
 
 install-gpu-plan: $(GPU_PLAN_STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/cardjax demo --workdir runs/demo
 
 test: $(STAMP) $(GPU_PLAN_STAMP)
@@ -55,6 +67,18 @@ test: $(STAMP) $(GPU_PLAN_STAMP)
 # ruff with the project's rules ([tool.ruff] in pyproject.toml); CI runs it before the tests.
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+# The documentation site (mkdocs.yml): docs/ and the API reference from the docstrings,
+# built with --strict into site/, so a broken link or anchor fails it (links that leave docs/
+# are checked by tools/mkdocs_hooks.py). `python tools/check_site.py` then opens it in
+# headless Chromium (docs/development.md).
+DOCS_STAMP := $(VENV)/.installed-docs
+$(DOCS_STAMP): pyproject.toml $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)

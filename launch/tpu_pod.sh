@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run a cardjax command on every worker of a TPU pod slice. JAX finds the other workers
 # itself (CARDJAX_DISTRIBUTED=auto). The repo must be checked out at the same path on every
-# worker (and `make install` run there once), and --workdir must be a folder every worker
+# worker (and `pip install -e '.[tpu]'` run there once: `make install` keeps libtpu out of
+# the venv, docs/install.md), and --workdir must be a folder every worker
 # sees (a shared filesystem mount), because all workers write one orbax checkpoint.
 #   launch/tpu_pod.sh TPU_NAME ZONE cardjax train --config configs/card_1b.py --workdir /mnt/runs/card1b
 set -euo pipefail
