@@ -1,7 +1,8 @@
 """The real train step on one device: tokens/s and MFU for the recipes' model shapes, with
 the attention each `auto` picks and the other implementations where they apply.
 
-  python -m benchmarks.train_mfu [--shapes mars_0_5b,card_1b] [--impls auto,pallas_gpu,xla,cudnn]
+  python -m benchmarks.train_mfu [--shapes mars_0_5b,mars_0_5b_compact,card_1b]
+      [--impls auto,pallas_gpu,xla,cudnn]
       [--steps 3] [--json OUT.json] [--md OUT.md]
 
 Each shape is a recipe's config with random weights, run by the trainer's own jitted step
@@ -9,6 +10,8 @@ Each shape is a recipe's config with random weights, run by the trainer's own ji
 scan and loss chunking), with grad_accum 1 and the rows trimmed to fit one 80 GB GPU:
   mars_0_5b  configs/mars_qwen2_5_0_5b.py:mars (Qwen2.5-0.5B, MARS, L = 512 so 1024 model
              tokens a row): 48 rows a step, half of one of the recipe's 4 micro-batches of 96
+  mars_0_5b_compact  the same rows with the compact noisy stream (noisy_fraction 0.766:
+             the response's blocks only, 1.77 L model tokens a row)
   card_1b    configs/card_1b.py (1.03B, CARD, L = 2048): 8 rows a step of the recipe's 1024
 The rows carry real-looking structure (a quarter prompt without loss for the SFT shape),
 random tokens. MFU is the project's FLOP count (cardjax/train/flops.py: 6 per matmul
@@ -34,12 +37,20 @@ from benchmarks.common import arg_parser
 SHAPES = {
     "mars_0_5b": ("configs/mars_qwen2_5_0_5b.py:mars", 48,
                   "48 rows a step, grad_accum 1 (the recipe: 384 rows, grad_accum 4)", ()),
+    # The compact noisy stream on the same rows: a quarter prompt, so the noisy stream
+    # keeps the response's blocks and the last prompt token's (benchmarks.train_step's
+    # compact_fraction(0.25, 512, 8) = 0.765625): (1 + 0.77) L model tokens instead of 2L.
+    "mars_0_5b_compact": ("configs/mars_qwen2_5_0_5b.py:mars", 48,
+                          "as mars_0_5b, the compact noisy stream",
+                          ("--config.objective.noisy_fraction=0.765625",)),
     "card_1b": ("configs/card_1b.py", 8,
                 "8 rows a step, grad_accum 1, one device (the recipe: 1024 rows over FSDP)",
                 ()),
 }
 SMOKE_SHAPES = {
     "tiny_mars": ("configs/tiny_mars.py", 4, "toy: L = 32", ("--config.data.seq_len=32",)),
+    "tiny_mars_compact": ("configs/tiny_mars.py", 4, "toy: L = 32, compact",
+                          ("--config.data.seq_len=32", "--config.objective.noisy_fraction=0.875")),
     "tiny_card": ("configs/tiny_card.py", 4, "toy: L = 32", ("--config.data.seq_len=32",)),
 }
 COLUMNS = [("shape", "shape", ""), ("attention", "attention", ""), ("rows", "rows", "d"),
