@@ -46,7 +46,7 @@ def run(args) -> None:
 
 
 def _run_peft(args) -> None:
-  from cardjax.hf.peft_export import export_run
+  from cardjax.peft_export import export_run
   from cardjax.parallel.mesh import local_mesh
 
   out, base, wrote = export_run(args.checkpoint_dir, args.hf_dir, step=args.step,
