@@ -62,7 +62,7 @@ demo: $(DEMO_STAMP)
 	$(BIN)/cardjax demo --workdir runs/demo
 
 test: $(STAMP) $(GPU_PLAN_STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not slow and not docs" -n $(TEST_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
 
 # ruff with the project's rules ([tool.ruff] in pyproject.toml); CI runs it before the tests.
 lint: $(STAMP)
@@ -77,8 +77,11 @@ $(DOCS_STAMP): pyproject.toml $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[docs]'
 	touch $(DOCS_STAMP)
 
+# Then the documentation's own tests (marker docs): the README quick tour run end to end
+# and the site's checks (the browser one where Chromium is installed).
 docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+	$(BIN)/python -m pytest -q -m docs tests/test_quick_tour.py tests/test_docs_site.py
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)

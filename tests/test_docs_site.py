@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.docs  # run by `make docs`, after the site's own build
 
 
 def _missing(module: str) -> bool:

@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- quick-tour -->", "<!-- /quick-tour -->"
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
@@ -133,6 +135,7 @@ def _run(command: str, cwd: Path, env: dict, log: list) -> tuple[dict, str]:
   return new_env, output
 
 
+@pytest.mark.docs  # about 100 s: run by `make docs`, beside the site build
 def test_quick_tour_runs(tmp_path: Path):
   bash, python = tour()
   shutil.copytree(ROOT / "configs", tmp_path / "configs")
