@@ -67,7 +67,7 @@ def test_decode_rows_hold_every_method_and_the_invariants(smoke):
 def test_train_rows_time_auto_and_say_why_a_gpu_kernel_is_skipped(smoke):
   rows = json.loads((smoke / "train_step.json").read_text())["rows"]
   timed = [r for r in rows if "skipped" not in r]
-  assert {r["shape"] for r in timed} == {"tiny_mars", "tiny_card"}
+  assert {r["shape"] for r in timed} == {"tiny_mars", "tiny_mars_compact", "tiny_card"}
   assert all(r["attention"] == "auto (xla)" for r in timed)
   for r in timed:
     assert set(TIMED_TRAIN_KEYS) <= set(r) and r["finite"] and r["step_ms"] > 0
