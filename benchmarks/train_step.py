@@ -1,7 +1,7 @@
 """Train-step cost of every objective on one model and the same tokens, as ratios to AR.
 
   python -m benchmarks.train_step [--hidden 256 --layers 4 --seq 256 --batch 8 --steps 10]
-      [--prompt-fraction 0.25]
+      [--prompt-fraction 0.25] [--json OUT]
 
 Each objective runs the real jitted train step (corruption, forward, backward, AdamW) on
 the same batch: rows of `seq` tokens whose first --prompt-fraction is a prompt (no loss)
@@ -15,6 +15,7 @@ measured in one run. The papers' claims: CARD trains at AR cost (<= 1.10x), MARS
 
 from __future__ import annotations
 
+import json
 import time
 
 import jax
@@ -89,6 +90,7 @@ def main():
   parser.add_argument("--prompt-fraction", type=float, default=0.25,
                       help="the share of each row that is prompt (no loss)")
   parser.add_argument("--dtype", default="float32", help="compute dtype (bfloat16 on GPU/TPU)")
+  parser.add_argument("--json", default="", help="also write the rows and the machine here")
   args = parser.parse_args()
   cfg = ModelConfig(vocab_size=args.vocab, hidden_size=args.hidden,
                     intermediate_size=args.hidden * 3, num_layers=args.layers,
@@ -96,7 +98,7 @@ def main():
                     dtype=args.dtype, max_position_embeddings=max(2048, args.seq))
   data = batch(args.batch, args.seq, args.vocab, args.prompt_fraction)
   noisy = compact_fraction(args.prompt_fraction, args.seq, args.block)
-  announce("train step")
+  machine = announce("train step")
   print(f"model: {args.layers} layers x {args.hidden} wide, vocab {args.vocab}, "
         f"{args.batch} rows x {args.seq} tokens ({args.prompt_fraction:.2f} prompt), block "
         f"{args.block}, {args.dtype}; mars_compact: noisy_fraction {noisy:.3f}")
@@ -114,6 +116,15 @@ def main():
   for name, (seconds, factor) in times.items():
     print(f"| {name} | {seconds * 1e3:.1f} | {data_tokens / seconds:,.0f} | "
           f"{factor * data_tokens / seconds:,.0f} | {seconds / ar:.2f}x |")
+  if args.json:
+    rows = [{"objective": name, "step_ms": seconds * 1e3,
+             "data_tokens_per_s": data_tokens / seconds,
+             "model_tokens_per_s": factor * data_tokens / seconds, "vs_ar": seconds / ar}
+            for name, (seconds, factor) in times.items()]
+    with open(args.json, "w") as f:
+      json.dump({"settings": vars(args), "noisy_fraction": noisy, "rows": rows,
+                 "machine": machine}, f, indent=2)
+      f.write("\n")
   card, mars, bd3lm = times["card"][0], times["mars"][0], times["bd3lm"][0]
   compact = times["mars_compact"][0]
   print(f"CARD/AR {card / ar:.2f} (target <= 1.10); MARS/AR {compact / ar:.2f} (compact noisy "
