@@ -16,6 +16,7 @@ measured in one run. The papers' claims: CARD trains at AR cost (<= 1.10x), MARS
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import jax
@@ -121,6 +122,7 @@ def main():
              "data_tokens_per_s": data_tokens / seconds,
              "model_tokens_per_s": factor * data_tokens / seconds, "vs_ar": seconds / ar}
             for name, (seconds, factor) in times.items()]
+    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as f:
       json.dump({"settings": vars(args), "noisy_fraction": noisy, "rows": rows,
                  "machine": machine}, f, indent=2)
