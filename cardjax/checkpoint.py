@@ -87,7 +87,7 @@ def copy_assets(directory: str | Path, source: str | Path) -> None:
     copy_file(f, target / f.name)
 
 
-def _existing(directory: str | Path, step: int | None = None):
+def readable_dir(directory: str | Path, step: int | None = None):
   """The folder orbax reads for `directory`: itself (local or gs://), or for s3:// the
   local staging folder, holding `step` (default: the newest committed step)."""
   text = resolve(directory)
@@ -104,7 +104,7 @@ def _existing(directory: str | Path, step: int | None = None):
 
 
 def latest_step(directory: str | Path) -> int:
-  directory = _existing(directory)
+  directory = readable_dir(directory)
   with manager(directory, create=False) as mngr:
     step = mngr.latest_step()
   if step is None:
@@ -128,7 +128,7 @@ def saved_steps(directory: str | Path) -> list[int]:
 
 def restore_data_state(directory: str | Path, data_loader, step: int | None = None) -> None:
   """Put `data_loader` (a DataLoader like the saved one) where it was at `step`."""
-  directory = _existing(directory, step)
+  directory = readable_dir(directory, step)
   step = latest_step(directory) if step is None else step
   if not (directory / str(step) / "data").exists():
     raise CheckpointError(f"{directory}/{step} holds no data iterator state")
@@ -140,7 +140,7 @@ def read_run_config(directory: str | Path, step: int | None = None):
   """The run config a training checkpoint was saved with, or None (imports have none)."""
   import ml_collections
 
-  directory = _existing(directory, step)
+  directory = readable_dir(directory, step)
   step = latest_step(directory) if step is None else step
   if not (directory / str(step) / "config").exists():
     return None
@@ -150,7 +150,7 @@ def read_run_config(directory: str | Path, step: int | None = None):
 
 
 def read_model_config(directory: str | Path, step: int | None = None) -> ModelConfig:
-  directory = _existing(directory, step)
+  directory = readable_dir(directory, step)
   step = latest_step(directory) if step is None else step
   with manager(directory, create=False) as mngr:
     if step not in mngr.all_steps():
@@ -172,7 +172,7 @@ def restore_model(directory: str | Path, step: int | None = None, mesh=None,
   checkpoint comes back merged (base + adapters, a plain Decoder); its base is read from
   where the run recorded it, or from `lora_base` when it has moved.
   """
-  directory = _existing(directory, step)
+  directory = readable_dir(directory, step)
   step = latest_step(directory) if step is None else step
   saved = read_model_config(directory, step)
   if (directory / str(step) / "lora").exists():
@@ -215,7 +215,9 @@ def load_model(source: str | Path, mesh=None, **overrides) -> tuple[Decoder, str
                         "checkpoint folder")
 
 
-def _lora_record(directory, step: int) -> dict:
+def lora_record(directory, step: int) -> dict:
+  """A LoRA run's saved record at `step` (`directory` as readable_dir gives it): the
+  adapters' spec and the base they sit on."""
   with manager(directory, create=False) as mngr:
     return mngr.restore(step, args=ocp.args.Composite(lora=ocp.args.JsonRestore()))["lora"]
 
@@ -224,11 +226,11 @@ def checkpoint_adapters(directory: str | Path, step: int | None = None, mesh=Non
   """The LoRA adapters of a LoRA run's checkpoint, unmerged (a pure dict, the params item)."""
   from cardjax.model.lora_spec import LoraSpec
 
-  directory = _existing(directory, step)
+  directory = readable_dir(directory, step)
   step = latest_step(directory) if step is None else step
   if not (directory / str(step) / "lora").exists():
     raise CheckpointError(f"{directory}/{step} is not a LoRA run's checkpoint (no lora item)")
-  spec = LoraSpec.from_dict(_lora_record(directory, step))
+  spec = LoraSpec.from_dict(lora_record(directory, step))
   cfg = read_model_config(directory, step)
   _, abstract, _ = nnx.split(abstract_model(cfg, mesh, lora=spec), nnx.LoRAParam, nnx.Param)
   if mesh is None:
@@ -246,7 +248,7 @@ def _restore_lora(directory, step: int, saved: ModelConfig, mesh, lora_base, ove
   from cardjax.model import adapters
   from cardjax.model.lora_spec import LoraSpec
 
-  record = _lora_record(directory, step)
+  record = lora_record(directory, step)
   spec = LoraSpec.from_dict(record)
   base = str(lora_base or record["base"])
   if not checked_path(resolve(base)).exists():

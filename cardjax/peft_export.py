@@ -27,13 +27,13 @@ def export_run(checkpoint_dir: str, out: str, step: int | None = None,
   """Write step `step` (default latest) of the LoRA run at `checkpoint_dir` as a PEFT
   adapter folder at `out`. Returns (adapter folder, its base_model_name_or_path, whether
   the base was written)."""
-  directory = checkpoint._existing(checkpoint_dir, step)
+  directory = checkpoint.readable_dir(checkpoint_dir, step)
   step = checkpoint.latest_step(directory) if step is None else step
   if not (directory / str(step) / "lora").exists():
     raise CheckpointError(f"{checkpoint_dir} step {step} is not a LoRA run's checkpoint: "
                           "--lora peft writes a LoRA run's adapters; export a full model "
                           "without it")
-  record = checkpoint._lora_record(directory, step)  # the spec and the base's path
+  record = checkpoint.lora_record(directory, step)  # the spec and the base's path
   spec = LoraSpec.from_dict(record)
   base = resolve(str(lora_base or record["base"]))
   if not checked_path(base).exists():
