@@ -222,6 +222,18 @@ def lora_record(directory, step: int) -> dict:
     return mngr.restore(step, args=ocp.args.Composite(lora=ocp.args.JsonRestore()))["lora"]
 
 
+def base_of_lora(directory, step: int, record: dict, moved_to: str | None = None) -> str:
+  """Where the base of a LoRA run (its `record` at `step`) is: `moved_to` when given, else
+  where the run read it; one error when nothing is there."""
+  base = resolve(str(moved_to or record["base"]))
+  if not checked_path(base).exists():
+    raise CheckpointError(f"{directory}/{step} holds LoRA adapters over the base model "
+                          f"{base}, which does not exist (moved or deleted?); pass its new "
+                          "place (export-hf --lora-base PATH, or restore_model(lora_base=...)) "
+                          "to read them")
+  return base
+
+
 def checkpoint_adapters(directory: str | Path, step: int | None = None, mesh=None) -> dict:
   """The LoRA adapters of a LoRA run's checkpoint, unmerged (a pure dict, the params item)."""
   from cardjax.model.lora_spec import LoraSpec
@@ -250,12 +262,7 @@ def _restore_lora(directory, step: int, saved: ModelConfig, mesh, lora_base, ove
 
   record = lora_record(directory, step)
   spec = LoraSpec.from_dict(record)
-  base = str(lora_base or record["base"])
-  if not checked_path(resolve(base)).exists():
-    raise CheckpointError(f"{directory}/{step} holds LoRA adapters over the base model "
-                          f"{base}, which does not exist (moved or deleted?); pass its new "
-                          "place (export-hf --lora-base PATH, or restore_model(lora_base=...)) "
-                          "to read them")
+  base = base_of_lora(directory, step, record, lora_base)
   runtime = {k: v for k, v in overrides.items()
              if k in ("dtype", "remat", "attention_impl", "mask_token_id")}
   model, _ = load_model(base, mesh=mesh, **runtime)

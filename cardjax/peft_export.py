@@ -35,11 +35,7 @@ def export_run(checkpoint_dir: str, out: str, step: int | None = None,
                           "without it")
   record = checkpoint.lora_record(directory, step)  # the spec and the base's path
   spec = LoraSpec.from_dict(record)
-  base = resolve(str(lora_base or record["base"]))
-  if not checked_path(base).exists():
-    raise CheckpointError(f"{checkpoint_dir} step {step} holds LoRA adapters over the base "
-                          f"model {base}, which does not exist (moved or deleted?); pass its "
-                          "new place with --lora-base PATH")
+  base = checkpoint.base_of_lora(checkpoint_dir, step, record, lora_base)
   assets = f"{resolve(checkpoint_dir)}/{checkpoint.ASSETS}"
   assets = assets if checked_path(assets).is_dir() else None
   base_is_hf = (checked_path(base) / "config.json").is_file()
@@ -51,7 +47,7 @@ def export_run(checkpoint_dir: str, out: str, step: int | None = None,
                                   max_shard_bytes=max_shard_bytes))
     del model
   cfg = checkpoint.read_model_config(directory, step)
-  adapters = checkpoint.checkpoint_adapters(checkpoint_dir, step)  # on one device
+  adapters = checkpoint.checkpoint_adapters(directory, step)  # on one device
   if jax.process_index() == 0:
     with local_output(out) as local:
       write_adapter(local, adapters, cfg, spec, base, dtype)

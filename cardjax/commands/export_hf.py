@@ -1,7 +1,7 @@
 """`cardjax export-hf CKPT_DIR HF_DIR`: an orbax checkpoint as a Hugging Face folder, with
 the tokenizer files the checkpoint keeps in hf_assets/. A LoRA run's checkpoint is written
 merged (base + adapters): a plain model that transformers loads without peft; with
-`--lora peft` it is written as a PEFT adapter folder instead (cardjax/hf/peft_export.py)."""
+`--lora peft` it is written as a PEFT adapter folder instead (cardjax/peft_export.py)."""
 
 from __future__ import annotations
 

@@ -20,15 +20,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from cardjax.errors import CheckpointError, ConfigError
+from cardjax.hf.weights import LAYER_PARAMS
 from cardjax.model.lora_spec import TARGETS, LoraSpec
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
-# cardjax target -> (cardjax module of a block, HF module of a decoder layer)
-MODULES = {"q": ("attn", "self_attn.q_proj"), "k": ("attn", "self_attn.k_proj"),
-           "v": ("attn", "self_attn.v_proj"), "o": ("attn", "self_attn.o_proj"),
-           "gate": ("mlp", "mlp.gate_proj"), "up": ("mlp", "mlp.up_proj"),
-           "down": ("mlp", "mlp.down_proj")}
+# cardjax target -> (cardjax module of a block, HF module of a decoder layer), read from the
+# weight map the HF import and export use: "attn.q" <-> "self_attn.q_proj.weight".
+MODULES = {path.split(".")[1]: (path.split(".")[0], hf.removesuffix(".weight"))
+           for path, hf, _ in LAYER_PARAMS if path.split(".")[-1] in TARGETS}
 _BY_HF = {hf.split(".")[1]: target for target, (_, hf) in MODULES.items()}  # q_proj -> q
 _KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)"
                   r"\.lora_([AB])\.weight$")
@@ -43,14 +43,32 @@ def _key(layer: int, target: str, which: str) -> str:
   return f"base_model.model.model.layers.{layer}.{MODULES[target][1]}.lora_{which}.weight"
 
 
-def _site(adapters: dict, cfg, layer: int, target: str) -> tuple:
-  """(A [in, r], B [r, out]) of one projection of one layer, from a pure-dict adapter tree
-  (stacked [layers, ...] when the model scans its layers)."""
-  group = MODULES[target][0]
+def _lora(adapters: dict, cfg, layer: int, target: str) -> dict:
+  """The {lora_a, lora_b} of one projection in a pure-dict adapter tree: layer `layer`'s,
+  or every layer's stacked [layers, ...] when the model scans its layers."""
   layers = adapters["layers"]
-  lora = (layers if cfg.scan_layers else layers[layer])[group][f"{target}_lora"]["lora"]
+  return (layers if cfg.scan_layers else layers[layer])[MODULES[target][0]][
+      f"{target}_lora"]["lora"]
+
+
+def _site(adapters: dict, cfg, layer: int, target: str) -> tuple:
+  """(A [in, r], B [r, out]) of one projection of one layer."""
+  lora = _lora(adapters, cfg, layer, target)
   a, b = lora["lora_a"], lora["lora_b"]
   return (a[layer], b[layer]) if cfg.scan_layers else (a, b)
+
+
+def _shapes(cfg, spec: LoraSpec) -> dict[str, tuple[tuple, tuple]]:
+  """target -> (A's shape, B's shape) of one layer, as the model itself builds them."""
+  from flax import nnx
+
+  from cardjax.model.create import abstract_model
+
+  abstract = nnx.to_pure_dict(nnx.split(abstract_model(cfg, lora=spec), nnx.LoRAParam,
+                                        nnx.Param)[1])
+  skip = 1 if cfg.scan_layers else 0  # the stacked layers axis
+  return {t: tuple(tuple(_lora(abstract, cfg, 0, t)[k].shape[skip:])
+                   for k in ("lora_a", "lora_b")) for t in spec.targets}
 
 
 def peft_tensors(adapters: dict, cfg, spec: LoraSpec, gather=np.asarray):
@@ -155,11 +173,7 @@ def read_adapter(path: str | Path, cfg, spec: LoraSpec) -> dict:
 
 def _arrays(path: Path, reader, found: dict, cfg, spec: LoraSpec) -> dict:
   """The checked tensors of an adapter that matches `spec`, in cardjax's tree and layout."""
-  hd = cfg.resolved_head_dim
-  d, f = cfg.hidden_size, cfg.intermediate_size
-  sizes = {"q": (d, cfg.num_heads * hd), "k": (d, cfg.num_kv_heads * hd),
-           "v": (d, cfg.num_kv_heads * hd), "o": (cfg.num_heads * hd, d),
-           "gate": (d, f), "up": (d, f), "down": (f, d)}
+  shapes = _shapes(cfg, spec)
   layers = sorted({k[0] for k in found})
   if layers and layers[-1] >= cfg.num_layers:
     raise CheckpointError(f"{path / WEIGHTS} adapts layers up to {layers[-1]}, but the base "
@@ -176,7 +190,7 @@ def _arrays(path: Path, reader, found: dict, cfg, spec: LoraSpec) -> dict:
     tree: dict = {}
     for target in spec.targets:
       a, b = reader.get(found[(layer, target, "A")]), reader.get(found[(layer, target, "B")])
-      n_in, n_out = sizes[target]
+      (n_in, _), (_, n_out) = shapes[target]
       if a.shape != (spec.rank, n_in) or b.shape != (n_out, spec.rank):
         raise CheckpointError(
             f"{path / WEIGHTS}: {hf_module(target)} of layer {layer} has lora_A "

@@ -33,10 +33,8 @@ def init_adapters(cfg, spec: LoraSpec, seed: int = 0, mesh=None) -> dict:
 
   if mesh is None:
     return jax.jit(make)()
-  abstract = nnx.split(abstract_model(cfg, lora=spec), nnx.LoRAParam, nnx.Param)[1]
-  shardings = nnx.to_pure_dict(param_shardings(abstract, mesh))
   with jax.set_mesh(mesh):
-    return jax.jit(make, out_shardings=shardings)()
+    return jax.jit(make, out_shardings=_shardings(cfg, spec, mesh))()
 
 
 def place(cfg, spec: LoraSpec, values: dict, mesh=None) -> dict:
@@ -44,10 +42,14 @@ def place(cfg, spec: LoraSpec, values: dict, mesh=None) -> dict:
   ones get on `mesh`; every host passes the whole value and keeps only its shards."""
   if mesh is None:
     return jax.tree.map(jax.numpy.asarray, values)
-  abstract = nnx.split(abstract_model(cfg, lora=spec), nnx.LoRAParam, nnx.Param)[1]
-  shardings = nnx.to_pure_dict(param_shardings(abstract, mesh))
   return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]),
-                      values, shardings)
+                      values, _shardings(cfg, spec, mesh))
+
+
+def _shardings(cfg, spec: LoraSpec, mesh) -> dict:
+  """The adapters' shardings on `mesh`, as a pure dict."""
+  abstract = nnx.split(abstract_model(cfg, lora=spec), nnx.LoRAParam, nnx.Param)[1]
+  return nnx.to_pure_dict(param_shardings(abstract, mesh))
 
 
 def attach(model: Decoder, spec: LoraSpec, seed: int = 0, mesh=None,
