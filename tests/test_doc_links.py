@@ -2,9 +2,8 @@
 
 A link is `[text](target)` or `![alt](target)` outside code; http(s) and mailto targets are
 not fetched. A target names a file or folder relative to the page; `#anchor` must be a
-heading of the target page (or of the page itself), slugged as GitHub does: lower case,
-every character but letters, digits, `_`, `-` and spaces dropped, spaces to `-`, and
-`-1`, `-2`, ... appended to repeats.
+heading of the target page (or of the page itself), slugged as GitHub does
+(tools/markdown_anchors.py, which the site's build uses too).
 """
 
 from __future__ import annotations
@@ -15,47 +14,16 @@ from urllib.parse import unquote
 
 import pytest
 
+from tools.markdown_anchors import anchors, prose_lines, slug
+
 ROOT = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
-FENCE = re.compile(r"^\s*(```|~~~)")
 INLINE_CODE = re.compile(r"`[^`\n]*`")
 
 
 def pages() -> list[Path]:
   return ([ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
           + sorted((ROOT / "results").rglob("*.md")))
-
-
-def prose_lines(text: str):
-  """(line number, line) outside fenced code blocks."""
-  fenced = False
-  for n, line in enumerate(text.splitlines(), 1):
-    if FENCE.match(line):
-      fenced = not fenced
-      continue
-    if not fenced:
-      yield n, line
-
-
-def slug(heading: str) -> str:
-  text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link's text only
-  text = re.sub(r"<[^>]+>", "", text).strip().lower()
-  text = re.sub(r"[^\w\- ]", "", text)
-  return text.replace(" ", "-")
-
-
-def anchors(page: Path) -> set[str]:
-  seen: dict[str, int] = {}
-  out = set()
-  for _, line in prose_lines(page.read_text(encoding="utf-8")):
-    m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
-    if not m:
-      continue
-    base = slug(m.group(1))
-    n = seen.get(base, 0)
-    seen[base] = n + 1
-    out.add(base if n == 0 else f"{base}-{n}")
-  return out
 
 
 def links(page: Path):

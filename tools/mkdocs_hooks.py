@@ -10,7 +10,7 @@ a page before mkdocs does:
   for a folder, and `{path}`: the path in the repository) links point at the forge instead;
 - an image (`<img src>`) is always copied into the site, so it shows offline;
 - a target that does not exist, or lies outside the repository, or an `#anchor` that is no
-  heading of a Markdown target (GitHub's slugs, as tests/test_doc_links.py checks them) is
+  heading of a Markdown target (GitHub's slugs: tools/markdown_anchors.py, the link test's rule) is
   an error naming the page and the link, and the build fails after every page was read.
 Links inside docs/ are left to mkdocs (its `validation:` settings, anchors included).
 
@@ -22,9 +22,9 @@ from a CDN (mkdocs.yml names it in extra.polyfills).
 from __future__ import annotations
 
 import html
+import importlib.util
 import logging
 import posixpath
-import re
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
@@ -35,37 +35,24 @@ from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, InclusionLevel
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _load_anchors():
+  """tools/markdown_anchors.py, the link test's slug rule: mkdocs loads this hook by path,
+  without the repository on sys.path."""
+  spec = importlib.util.spec_from_file_location(
+      "cardjax_markdown_anchors", Path(__file__).with_name("markdown_anchors.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+markdown_anchors = _load_anchors().anchors
 COPIED = "repo-files"  # where images from outside docs/ land in the site
 ASSETS = Path(__file__).resolve().parent / "site_assets"
 log = logging.getLogger("mkdocs.hooks.repo_links")
 
 _state: dict = {"page": None, "files": None, "config": None, "errors": []}
-
-
-def github_slug(heading: str) -> str:
-  """A heading's anchor as GitHub makes it (tests/test_doc_links.py's rule)."""
-  text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)
-  text = re.sub(r"<[^>]+>", "", text).strip().lower()
-  text = re.sub(r"[^\w\- ]", "", text)
-  return text.replace(" ", "-")
-
-
-def markdown_anchors(path: Path) -> set[str]:
-  """The heading anchors of a Markdown file outside fenced code, repeats numbered -1, -2."""
-  seen: dict[str, int] = {}
-  out: set[str] = set()
-  fenced = False
-  for line in path.read_text(encoding="utf-8").splitlines():
-    if re.match(r"^\s*(```|~~~)", line):
-      fenced = not fenced
-      continue
-    m = None if fenced else re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
-    if m:
-      base = github_slug(m.group(1))
-      n = seen.get(base, 0)
-      seen[base] = n + 1
-      out.add(base if n == 0 else f"{base}-{n}")
-  return out
 
 
 def github_unique(id: str, ids, counters=None) -> str:  # noqa: A002 (toc.unique's names)
