@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # make test lists its 15 slowest tests, so a slow one shows in every log.
 TEST_WORKERS ?= 2
 
-.PHONY: demo test lint test-slow bench-decode bench-check bench-pack bench-pack-day gpu-day-carry bench-wheels smollm2 bench-real install install-gpu-plan clean docs
+.PHONY: demo test lint test-slow bench-decode bench-check bench-pack bench-pack-day gpu-day-carry bench-wheels smollm2 bench-real install install-demo install-gpu-plan clean docs
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -39,7 +39,6 @@ $(DEMO_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[demo]'
 	touch $(DEMO_STAMP)
 
-.PHONY: install-demo
 install-demo: $(DEMO_STAMP)
 
 # XLA:GPU without a GPU, for `cardjax plan --topology 8xH200` and the kernel compile tests:
