@@ -1,11 +1,12 @@
 """`make demo`: the main job in miniature, on CPU, with every artefact under one folder.
 
 Build the embedded datasets and their tokenizers, stream packed and SFT batches through the
-grain pipeline, run the tiny model on them, train an AR SFT then MARS model on arith_sft and
-AR and CARD models on python_stdlib with the decode benchmark's recipes
-(configs/decode_bench.py, shortened: BUDGETS), save an orbax checkpoint (with the data
-iterator's state), export it as a Hugging Face folder, and load that back into cardjax and
-(when installed) into transformers, comparing logits. Last, decode with every method (AR
+grain pipeline, run the tiny model on them, fine-tune MARS on arith_sft from the kept
+arithmetic instruct model (INSTRUCT; --train-sft trains it first) and train AR and CARD
+models on python_stdlib with the decode benchmark's recipes (configs/decode_bench.py,
+shortened: BUDGETS), save an orbax checkpoint (with the data iterator's state), export it
+as a Hugging Face folder, and load that back into cardjax and (when installed) into
+transformers, comparing logits. Last, decode with every method (AR
 with a KV cache, MARS over tau, self-verified MARS, CARD blocks, DUS, EB, CB), print speed
 against AR and quality (cardjax.eval.suite), what a forward of w tokens costs against one
 of 1 token on this machine and the latest accelerator measurement, and draw two pictures.
@@ -43,12 +44,12 @@ def _nll(model, batch) -> float:
 
 
 # "full": the decode benchmark's recipes (configs/decode_bench.py: 128 x 4 layers),
-# shortened to where decoding means something: the arithmetic SFT model reaches a real
-# exact match and its MARS fine-tune writes several tokens a forward (results/recipes/
-# demo_budget_2026-12-06.json found how far the SFT recipe must go). "quick": the repo's
-# tiny configs (64 x 2) for a few steps, a tour of every stage in a couple of minutes, its
-# models too short to decode well.
-BUDGETS = {"full": {"sft": 2500, "mars": 500, "ar": 300, "card": 300},
+# shortened to where decoding means something: the MARS fine-tune writes several tokens a
+# forward at the instruct model's exact match, and the code models write varied text
+# (results/recipes/demo_budget_2026-12-06.json found how far each recipe must go). "quick":
+# the repo's tiny configs (64 x 2) for a few steps, a tour of every stage in a couple of
+# minutes, its models too short to decode well.
+BUDGETS = {"full": {"sft": 2500, "mars": 300, "ar": 300, "card": 300},
            "quick": {"sft": 60, "mars": 60, "ar": 60, "card": 60}}
 # What a shortened run changes besides its steps: the SFT recipe holds its learning rate
 # and decays over the last fifth (a cosine over fewer steps decays before the model
@@ -56,6 +57,14 @@ BUDGETS = {"full": {"sft": 2500, "mars": 500, "ar": 300, "card": 300},
 SHORTENED = {"sft": ("--config.train.schedule=wsd", "--config.train.decay_fraction=0.2")}
 RUNS = (("sft", "sft", ()), ("mars", "mars", ("init_from_sft",)), ("ar", "ar", ()),
         ("card", "card", ()))
+# MARS turns an instruct AR model into a multi-token one, so the full demo starts where a
+# user starts (from SmolLM2-135M-Instruct or Qwen2.5-Instruct): from a trained instruct
+# model, the decode benchmark's arithmetic SFT model (configs/decode_bench.py:sft, 4000
+# steps, seed 0: 93.8% exact match on the demo's problems), kept in the repository.
+# Training it in the demo too costs about 9 minutes more on 2 cores (--train-sft: the
+# 2500-step shortened recipe, 78% exact match).
+INSTRUCT = Path(__file__).resolve().parents[1] / "results" / "bench_pack" / "runs" / "sft"
+INSTRUCT_STEPS = 4000
 
 
 def config_file(recipe: str, budget: str) -> str:
@@ -63,15 +72,37 @@ def config_file(recipe: str, budget: str) -> str:
   return f"configs/decode_bench.py:{recipe}" if budget == "full" else f"configs/tiny_{recipe}.py"
 
 
-def _train_models(workdir: Path, base, budget: str = "full") -> dict:
+def instruct_model(tokenizer_folder: Path, instruct: Path = INSTRUCT) -> Path | None:
+  """The kept instruct model's run folder, or None (and a line saying why) when it is not
+  in this install or was trained with another tokenizer than the one the demo built (its
+  ids would mean other text)."""
+  kept = instruct / "checkpoints" / "hf_assets" / "tokenizer.json"
+  if not kept.is_file():
+    print(f"   the instruct model is not in this install ({instruct}); the demo trains it")
+    return None
+  if kept.read_bytes() != (Path(tokenizer_folder) / "tokenizer.json").read_bytes():
+    print(f"   the kept instruct model ({instruct}) was trained with another arith_sft "
+          "tokenizer than the one built here; the demo trains its own")
+    return None
+  return instruct
+
+
+def _train_models(workdir: Path, base, budget: str = "full",
+                  instruct: Path | None = None) -> tuple[dict, dict]:
   """The decode benchmark's recipes at the budget's steps; MARS starts from the SFT run
-  (the recipe)."""
+  (the recipe), or from `instruct` (an SFT run folder), which then is not trained. Returns
+  the report's rows and each run's folder."""
   from cardjax.config import load_config
   from cardjax.train import train
 
-  results = {}
+  results, folders = {}, {}
   print("   | run | steps | first loss | last loss | validation AR NLL |")
   for name, recipe, flags in RUNS:
+    if name == "sft" and instruct is not None:
+      folders[name] = instruct
+      results[name] = {"loaded_from": str(instruct), "steps": INSTRUCT_STEPS}
+      print(f"   | sft | {INSTRUCT_STEPS} (kept, loaded from {instruct}) | | | |", flush=True)
+      continue
     steps = BUDGETS[budget][name]
     extra = [f"--config.train.steps={steps}", "--config.train.eval_every=0",
              f"--config.train.checkpoint_every={steps}", "--config.train.log_every=10",
@@ -79,27 +110,30 @@ def _train_models(workdir: Path, base, budget: str = "full") -> dict:
     if budget == "full":
       extra += SHORTENED.get(name, ())
     if "init_from_sft" in flags:
-      extra.append(f"--config.train.init_from={workdir / 'runs' / 'sft' / 'checkpoints'}")
+      extra.append(f"--config.train.init_from={folders['sft'] / 'checkpoints'}")
     config = load_config(config_file(recipe, budget), list(base) + extra)
-    out = train(config, workdir / "runs" / name)
-    text = (workdir / "runs" / name / "metrics.jsonl").read_text()
+    folders[name] = workdir / "runs" / name
+    out = train(config, folders[name])
+    text = (folders[name] / "metrics.jsonl").read_text()
     lines = [json.loads(l) for l in text.splitlines()]
     losses = [l["train/loss"] for l in lines if "train/loss" in l]
-    results[name] = {"first_loss": losses[0], "last_loss": losses[-1],
+    results[name] = {"steps": steps, "first_loss": losses[0], "last_loss": losses[-1],
                      "eval_ar_nll": out["eval"]["ar_nll"]}
     print(f"   | {name} | {steps} | {losses[0]:.3f} | {losses[-1]:.3f} | "
           f"{out['eval']['ar_nll']:.3f} |", flush=True)
-  return results
+  return results, folders
 
 
-ARITH_PROBLEMS, CODE_PROMPTS, BATCH, BLOCK = 64, 16, 16, 4
+ARITH_PROBLEMS, CODE_PROMPTS, BATCH, BLOCK = 128, 16, 16, 4
 
 
-def _decode(workdir: Path, budget: str = "full") -> list[dict]:
-  """The decode benchmark in miniature on the demo's runs (benchmarks/decode.py in full)."""
+def _decode(workdir: Path, folders: dict, budget: str = "full",
+            kept_sft: bool = False) -> list[dict]:
+  """The decode benchmark in miniature on the demo's runs (benchmarks/decode.py in full);
+  kept_sft: the SFT model was loaded, not trained here."""
   from cardjax.eval import suite
 
-  runs = {name: suite.load_run(workdir / "runs" / name) for name, _, _ in RUNS}
+  runs = {name: suite.load_run(folder) for name, folder in folders.items()}
   print("   " + suite.HEADER.replace("\n", "\n   "), flush=True)
   log = lambda line: print("   " + line, flush=True)  # noqa: E731
   rows = suite.arith_rows(runs["sft"], runs["mars"],
@@ -115,7 +149,7 @@ def _decode(workdir: Path, budget: str = "full") -> list[dict]:
         "AR tokens' checks are the invariants (MARS at tau 1 and --verify write AR's greedy "
         "tokens).")
   _same_text(rows)
-  _summary(rows, runs["sft"], budget)
+  _summary(rows, runs["sft"], budget, kept_sft)
   return rows
 
 
@@ -134,7 +168,7 @@ def _same_text(rows: list[dict]) -> None:
       print(f"   {model}: {'; '.join(names)} wrote the same tokens{why}.")
 
 
-def _summary(rows: list[dict], sft, budget: str) -> None:
+def _summary(rows: list[dict], sft, budget: str, kept_sft: bool) -> None:
   """What the table says about the claim, and why a CPU shows little of it in seconds."""
   from cardjax.demo_speed import accelerator_line, forward_cost_line, forward_costs
 
@@ -147,7 +181,8 @@ def _summary(rows: list[dict], sft, budget: str) -> None:
   print(f"   MARS at tau 0.95 wrote {mars['tokens_per_forward']:.2f} tokens a forward at "
         f"{100 * mars['exact_match']:.1f}% exact match, against "
         f"{100 * own['exact_match']:.1f}% for the same model one token a forward (AR) and "
-        f"{100 * base['exact_match']:.1f}% for the AR SFT model it started from; self-verified "
+        f"{100 * base['exact_match']:.1f}% for the "
+        f"{'kept instruct' if kept_sft else 'AR SFT'} model it started from; self-verified "
         f"MARS wrote AR's tokens at {verify['tokens_per_forward']:.2f} a forward. On this "
         f"CPU that is {mars['speedup']:.2f}x and {verify['speedup']:.2f}x the SFT model's AR "
         "tokens/s.")
@@ -167,14 +202,21 @@ def add_arguments(p) -> None:
   p.add_argument("--quick", action="store_true",
                  help="a few training steps per model: every stage in a couple of minutes, "
                       "its models too short to decode well")
+  p.add_argument("--train-sft", action="store_true",
+                 help="train the arithmetic instruct (AR SFT) model too instead of loading "
+                      "the one kept in the repository (about 9 minutes more on 2 cores)")
 
 
 def run(args) -> None:
   """`cardjax demo`: its --config.k=v overrides apply to every config the demo loads."""
-  run_demo(args.workdir, args.overrides, budget="quick" if args.quick else "full")
+  run_demo(args.workdir, args.overrides, budget="quick" if args.quick else "full",
+           train_sft=args.train_sft)
 
 
-def run_demo(workdir: str | Path, overrides=(), budget: str = "full") -> dict:
+def run_demo(workdir: str | Path, overrides=(), budget: str = "full",
+             train_sft: bool = False) -> dict:
+  """Every stage under `workdir`. The full budget starts MARS from the kept instruct model
+  (INSTRUCT) unless train_sft; the quick one trains its tiny models, the SFT one too."""
   from cardjax import checkpoint, hf
   from cardjax.config import load_config, model_config
   from cardjax.data import builders
@@ -232,9 +274,11 @@ def run_demo(workdir: str | Path, overrides=(), budget: str = "full") -> dict:
         f"(SFT responses); uniform would be {np.log(cfg.vocab_size):.3f} "
         f"({time.time() - t:.1f}s)")
 
-  t = _stage("4/7 train AR SFT then MARS on arith_sft, AR and CARD on python_stdlib "
-             f"({budget} budget)")
-  report["training"] = _train_models(workdir, base, budget)
+  kept = budget == "full" and not train_sft
+  t = _stage(f"4/7 train {'MARS from the kept instruct model' if kept else 'AR SFT then MARS'} "
+             f"on arith_sft, AR and CARD on python_stdlib ({budget} budget)")
+  instruct = instruct_model(tokenizer_dir(sft)) if kept else None
+  report["training"], folders = _train_models(workdir, base, budget, instruct)
   print(f"   ({time.time() - t:.1f}s)")
 
   t = _stage("5/7 save and restore an orbax checkpoint (model + data iterator)")
@@ -276,12 +320,13 @@ def run_demo(workdir: str | Path, overrides=(), budget: str = "full") -> dict:
     loader.close()
 
   t = _stage("7/7 decode with every method: speed against AR with a KV cache, and quality")
-  report["decoding"] = _decode(workdir, budget)
+  report["decoding"] = _decode(workdir, folders, budget, instruct is not None)
   print(f"   ({time.time() - t:.1f}s)")
   from cardjax.demo_figures import draw
 
-  pictures = draw(workdir, {name: workdir / "runs" / name for name, _, _ in RUNS},
-                  report["decoding"]) if not is_remote(workdir) else []
+  trained = {name: folders[name] for name in report["training"]
+             if "loaded_from" not in report["training"][name]}
+  pictures = draw(workdir, trained, report["decoding"]) if not is_remote(workdir) else []
   (workdir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
   print(f"== done: every artefact is under {workdir}; summary in report.json" +
         "".join(f"\n   picture: {p}" for p in pictures))

@@ -39,3 +39,20 @@ def test_demo_runs_and_reports(tmp_path, capsys):
   for picture in ("training.png", "decoding.png"):
     assert (tmp_path / "demo" / picture).stat().st_size > 10_000
     assert f"picture: {tmp_path / 'demo' / picture}" in out
+
+
+def test_the_kept_instruct_model_is_used_only_with_the_demos_tokenizer(tmp_path, capsys):
+  """The full demo loads the kept instruct model only when its tokenizer is the one the demo
+  built (other ids would mean other text) and says why whenever it trains its own."""
+  from cardjax.demo import INSTRUCT, instruct_model
+
+  built = tmp_path / "tokenizer"
+  built.mkdir()
+  (built / "tokenizer.json").write_bytes(
+      (INSTRUCT / "checkpoints" / "hf_assets" / "tokenizer.json").read_bytes())
+  assert instruct_model(built) == INSTRUCT
+  assert instruct_model(built, tmp_path / "missing") is None
+  assert "not in this install" in capsys.readouterr().out
+  (built / "tokenizer.json").write_text("{}")
+  assert instruct_model(built) is None
+  assert "another arith_sft tokenizer" in capsys.readouterr().out
