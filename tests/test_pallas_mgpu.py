@@ -1,0 +1,157 @@
+"""The Hopper (Mosaic GPU) attention forward without a GPU: numerics in Mosaic GPU's CPU
+interpreter against the dense reference for every mask kind, and the kernel lowered and
+compiled by XLA:GPU for an H100 (the compiled variant, probabilities from registers).
+
+What this cannot check: the PTX Mosaic GPU makes when the program loads on a GPU, the
+register-operand product (the interpreter takes wgmma operands from shared memory), and
+speed. The prepared GPU call checks those (benchmarks/gpu_kernels.py).
+
+Tolerance: bfloat16 inputs against the float32 reference on the same (rounded) values;
+the kernel rounds the probabilities to bfloat16 before the second product, as every
+flash kernel does, and returns bfloat16: 2e-2. The interpreter simulates every warpgroup
+in Python, so the shapes are small (each case a few seconds).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from cardjax.attention import MaskSpec, reference_attention
+from cardjax.attention.pallas_gpu import tile_classes, visit_fractions
+from cardjax.attention.pallas_mgpu import BLOCK_K, BLOCK_Q, mgpu_forward, unsupported_reason
+from cardjax.plan.targets import GPU_PLAN_DIR, gpu_plugin_in_plan_dir
+from compact_helpers import compact_corrupt, sft_batch
+from test_pallas_gpu import inputs, packed_meta, seen
+
+TOL = 2e-2
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def check(spec, q, k, v, q_meta, k_meta):
+  """The interpreted forward against the reference: outputs on rows that see a key, 0 on
+  the others; the logsumexp of the scaled scores, +inf where nothing is visible."""
+  out, lse = jax.jit(lambda *a: mgpu_forward(*a[:3], spec, a[3], a[4], interpret=True))(
+      q, k, v, q_meta, k_meta)
+  f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+  ref = np.asarray(reference_attention(*f32, spec, q_meta, k_meta))
+  rows = np.asarray(seen(spec, q_meta, k_meta))
+  assert out.dtype == q.dtype and out.shape == q.shape
+  np.testing.assert_allclose(np.asarray(out, np.float32) * rows, ref * rows, atol=TOL,
+                             rtol=TOL)
+  np.testing.assert_array_equal(np.asarray(out, np.float32) * (1 - rows), 0.0)
+  from cardjax.attention import dense_mask
+
+  group = q.shape[2] // k.shape[2]
+  kk = jnp.repeat(f32[1], group, axis=2)
+  scores = jnp.einsum("bqhd,bkhd->bhqk", f32[0], kk) * q.shape[-1] ** -0.5
+  visible = dense_mask(spec, q_meta, k_meta)[:, None]
+  want = np.asarray(jax.nn.logsumexp(jnp.where(visible, scores, -jnp.inf), axis=-1))
+  got = np.asarray(lse)[:, :, :q.shape[1]]
+  hit = np.isfinite(want)
+  np.testing.assert_allclose(got[hit], want[hit], atol=TOL, rtol=TOL)
+  assert np.isposinf(got[~hit]).all()
+
+
+# (spec, data tokens per stream, packed documents, padding tokens, kv heads, GQA ratio, d)
+CASES = [(MaskSpec("causal"), 250, 1, 0, 1, 2, 64),
+         (MaskSpec("bidirectional"), 100, 3, 4, 1, 1, 64),
+         (MaskSpec("dual_stream", 8), 90, 2, 3, 1, 2, 64),
+         (MaskSpec("bd3lm", 16), 70, 2, 2, 1, 1, 128),
+         (MaskSpec("block_causal", 16), 130, 2, 6, 1, 1, 64)]
+
+
+@pytest.mark.parametrize("spec,length,docs,padding,kvh,ratio,d", CASES,
+                         ids=[c[0].kind for c in CASES])
+def test_matches_reference_on_packed_rows(spec, length, docs, padding, kvh, ratio, d):
+  """Every mask kind on packed documents with padding, lengths that are not whole tiles
+  (the kernel pads to 128 queries x 64 keys), GQA, d 64 and 128."""
+  meta = packed_meta(spec.kind, length, docs, padding)
+  t = meta[0].shape[1]
+  q, k, v, _ = inputs(jax.random.key(length), 1, t, t, kvh * ratio, kvh, d, jnp.bfloat16)
+  check(spec, q, k, v, meta, meta)
+  if spec.kind == "causal":  # one document: the walk takes all three kinds of tile
+    shares = visit_fractions(tile_classes(spec, meta, meta, 2 * BLOCK_Q, BLOCK_K))
+    assert min(shares.values()) > 0, shares
+
+
+def test_compact_mars_rows():
+  """MARS's compact noisy stream: the tables come from the metadata, so the same kernel
+  serves it."""
+  batch = sft_batch([(0, [[(56, False), (24, True)], [(40, False), (40, True)]])], 160)
+  corrupt = compact_corrupt(batch, 8, 0.6)
+  meta = (corrupt.positions, corrupt.streams, corrupt.segment_ids)
+  t = meta[0].shape[1]
+  q, k, v, _ = inputs(jax.random.key(7), 1, t, t, 2, 1, 64, jnp.bfloat16)
+  check(corrupt.mask, q, k, v, meta, meta)
+
+
+def test_rows_with_no_visible_key_give_zeros():
+  """Cross attention where half the queries' segment has no key: 0 and lse +inf there."""
+  tq, tk = 96, 160
+  q_meta = (jnp.arange(tq, dtype=jnp.int32)[None] + 64, jnp.zeros((1, tq), jnp.int32),
+            jnp.asarray([[1] * 48 + [2] * 48], jnp.int32))
+  k_meta = (jnp.arange(tk, dtype=jnp.int32)[None], jnp.zeros((1, tk), jnp.int32),
+            jnp.ones((1, tk), jnp.int32))
+  q, k, v, _ = inputs(jax.random.key(4), 1, tq, tk, 2, 2, 64, jnp.bfloat16)
+  check(MaskSpec("causal"), q, k, v, q_meta, k_meta)
+
+
+def test_unsupported_reason():
+  spec = MaskSpec("causal")
+  assert unsupported_reason(spec, 128, 128, 128, jnp.bfloat16) is None
+  assert "head_dim 32" in unsupported_reason(spec, 128, 128, 32, jnp.bfloat16)
+  assert "float32" in unsupported_reason(spec, 128, 128, 64, jnp.float32)
+  with pytest.raises(ValueError, match="head_dim 96"):
+    mgpu_forward(*(jnp.zeros((1, 128, 1, 96), jnp.bfloat16),) * 3, spec,
+                 (jnp.zeros((1, 128), jnp.int32),) * 3, (jnp.zeros((1, 128), jnp.int32),) * 3)
+
+
+COMPILE = """
+import json
+from benchmarks.gpu_kernels import _start_worker
+_start_worker(trace_check=False)
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+from cardjax.attention import MaskSpec
+from cardjax.attention.pallas_mgpu import mgpu_forward
+from cardjax.plan.targets import gpu_devices
+
+sharding = NamedSharding(jax.sharding.Mesh(gpu_devices("H100", "1x1x1"), ("x",)),
+                         PartitionSpec())
+out = {}
+for kind, block, d in (("causal", 0, 128), ("bidirectional", 0, 64), ("dual_stream", 16, 128),
+                       ("bd3lm", 16, 64), ("block_causal", 16, 128)):
+  spec = MaskSpec(kind, block_size=block)
+  q = jax.ShapeDtypeStruct((2, 1000, 8, d), jnp.bfloat16, sharding=sharding)
+  k = jax.ShapeDtypeStruct((2, 1000, 2, d), jnp.bfloat16, sharding=sharding)
+  m = jax.ShapeDtypeStruct((2, 1000), jnp.int32, sharding=sharding)
+  fn = lambda q, k, v, a, b, c: mgpu_forward(q, k, v, spec, (a, b, c), (a, b, c),
+                                             interpret=False)
+  lowered = jax.jit(fn).lower(q, k, k, m, m, m)
+  compiled = lowered.compile()
+  out[kind] = {"mosaic": "mosaic_gpu" in lowered.as_text(),
+               "flops": (compiled.cost_analysis() or {}).get("flops")}
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not gpu_plugin_in_plan_dir(),
+                    reason=f"no jax_cuda12_plugin in {GPU_PLAN_DIR} (`make install-gpu-plan`)")
+def test_every_mask_kind_compiles_for_h100_without_a_gpu():
+  """The compiled variant (probabilities from registers, K tiles by TMA, wgmma) lowers
+  through Mosaic GPU for sm_90 and XLA:GPU compiles the program around it."""
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  run = subprocess.run([sys.executable, "-c", COMPILE], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+  lines = [x for x in run.stdout.splitlines() if x.startswith("RESULT ")]
+  assert run.returncode == 0 and lines, run.stderr[-3000:]
+  result = json.loads(lines[-1][len("RESULT "):])
+  assert set(result) == {"causal", "bidirectional", "dual_stream", "bd3lm", "block_causal"}
+  assert all(r["mosaic"] for r in result.values()), result
