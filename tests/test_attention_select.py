@@ -40,8 +40,9 @@ class FakePallasGpu:
     return self.reason
 
   def pallas_gpu_attention(self, q, k, v, spec, q_meta, k_meta, *, interpret=None,
-                           block_q=None, block_k=None):
+                           block_q=None, block_k=None, forward="triton"):
     self.calls.append(interpret)
+    self.forwards = getattr(self, "forwards", []) + [forward]
     return attn.reference_attention(q, k, v, spec, q_meta, k_meta)
 
 
@@ -255,3 +256,21 @@ def test_cached_forward_kernel_that_cannot_serve_is_an_error(impl, platform, hea
   with pytest.raises(AttentionImplError, match=match + r".*attention_impl=xla"):
     select.cached_choose(impl, CAUSAL, (1, 1, 4, head_dim), 64, platform=platform,
                          interpret=False)
+
+
+def test_the_hopper_forward_is_chosen_only_explicitly_and_only_where_it_serves(monkeypatch):
+  """pallas_mgpu: bf16 / fp16 and head dims 64, 128 on a GPU, else one error with the fix;
+  `auto` keeps to its measured table, which does not list it yet."""
+  fake = FakePallasGpu()
+  monkeypatch.setattr(select, "_pallas_gpu", lambda: fake)
+  spec = MaskSpec("dual_stream", 4)
+  assert choose("pallas_mgpu", spec, Q, K, BF16, platform="gpu") == "pallas_mgpu"
+  assert "pallas_mgpu" not in {impl for order in select.AUTO_GPU.values() for impl in order}
+  with pytest.raises(AttentionImplError, match="float32 is not bfloat16"):
+    choose("pallas_mgpu", spec, Q, K, jnp.float32, platform="gpu")
+  with pytest.raises(AttentionImplError, match="runs on GPU, this is CPU"):
+    choose("pallas_mgpu", spec, Q, K, BF16, platform="cpu", interpret=False)
+  meta = (jnp.zeros((1, Q[1]), jnp.int32),) * 3
+  select.run("pallas_mgpu", jnp.zeros(Q, BF16), jnp.zeros(K, BF16), jnp.zeros(K, BF16), spec,
+             meta, meta, interpret=True)
+  assert fake.forwards == ["mosaic"]

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from cardjax.attention import MaskSpec, reference_attention
-from cardjax.attention.pallas_gpu import tile_classes, visit_fractions
+from cardjax.attention.pallas_gpu import pallas_gpu_attention, tile_classes, visit_fractions
 from cardjax.attention.pallas_mgpu import BLOCK_K, BLOCK_Q, mgpu_forward, unsupported_reason
 from cardjax.plan.targets import GPU_PLAN_DIR, gpu_plugin_in_plan_dir
 from compact_helpers import compact_corrupt, sft_batch
@@ -101,6 +101,21 @@ def test_rows_with_no_visible_key_give_zeros():
             jnp.ones((1, tk), jnp.int32))
   q, k, v, _ = inputs(jax.random.key(4), 1, tq, tk, 2, 2, 64, jnp.bfloat16)
   check(MaskSpec("causal"), q, k, v, q_meta, k_meta)
+
+
+def test_gradients_through_the_triton_backward():
+  """attention_impl=pallas_mgpu: this forward, pallas_gpu's dq and dk/dv kernels on its
+  residuals (the same logsumexp convention): value and gradients equal the reference's."""
+  from test_pallas_gpu import assert_matches, value_and_grads
+
+  spec = MaskSpec("dual_stream", 8)
+  meta = packed_meta("dual_stream", 60, 2, 3)
+  t = meta[0].shape[1]
+  q, k, v, w = inputs(jax.random.key(9), 1, t, t, 2, 1, 64, jnp.bfloat16)
+  fn = lambda q, k, v, spec, qm, km: pallas_gpu_attention(  # noqa: E731
+      q, k, v, spec, qm, km, interpret=True, forward="mosaic")
+  assert_matches(spec, q, k, v, w, meta, meta, rtol=TOL, atol=5e-2,
+                 fns=(value_and_grads(fn, spec), value_and_grads(reference_attention, spec)))
 
 
 def test_unsupported_reason():

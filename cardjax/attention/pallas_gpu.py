@@ -67,6 +67,7 @@ from cardjax.attention.pallas_common import (HEAD_DIMS, NUM_STAGES, compiler_par
                                              num_warps, pad_len, pow2_block, visible, walk)
 from cardjax.attention.pallas_gpu_fit import settle_tiles, target_gpu
 from cardjax.attention.pallas_gpu_bwd import backward
+from cardjax.errors import CardjaxError
 
 EMPTY, PARTIAL, FULL = 0, 1, 2  # the values of cardjax.attention.tiles
 # Forward tiles: 128 queries x 64 keys keeps q, the f32 accumulator and one k/v tile in
@@ -272,17 +273,21 @@ def _forward(q, k, v, q_meta, k_meta, table, *, spec, block_q, block_k, interpre
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """The static (hashable) settings of one call: mask, tiles of each pass, interpreter."""
+  """The static (hashable) settings of one call: mask, tiles of each pass, interpreter,
+  and which forward kernel runs ("triton", or "mosaic": the Hopper kernel of
+  pallas_mgpu.py, whose residuals the same backward kernels take)."""
   spec: MaskSpec
   interpret: bool
   block_q: int
   block_k: int
   bwd_block_q: int
   bwd_block_k: int
+  forward: str = "triton"
 
 
 def pallas_gpu_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret=None,
-                         block_q=None, block_k=None, bwd_block_q=None, bwd_block_k=None):
+                         block_q=None, block_k=None, bwd_block_q=None, bwd_block_k=None,
+                         forward: str = "triton"):
   """Block-sparse flash attention; the contract of reference_attention.
 
   q [b, tq, h, d]; k, v [b, tk, kv_heads, d]; q_meta / k_meta (positions, streams,
@@ -297,7 +302,18 @@ def pallas_gpu_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret=N
   are halved until they fit it, and tiles passed explicitly that cannot fit raise
   CardjaxError naming the kernel, the tiles, the bytes needed and the limit.
   Differentiable: jax.custom_vjp with Pallas dq and dk/dv kernels.
+  forward="mosaic": the forward runs the Hopper kernel (pallas_mgpu.py: bf16 / fp16, head
+  dims 64 and 128, its own 128 x 64 tiles), the backward these Triton kernels.
   """
+  if forward not in ("triton", "mosaic"):
+    raise ValueError(f"forward={forward!r}: use 'triton' or 'mosaic'")
+  if forward == "mosaic":
+    from cardjax.attention import pallas_mgpu
+
+    reason = pallas_mgpu.unsupported_reason(spec, q.shape[1], k.shape[1], q.shape[-1],
+                                            q.dtype)
+    if reason:
+      raise CardjaxError(f"the Hopper attention forward cannot serve this call: {reason}")
   q_meta, k_meta = (tuple(jnp.asarray(x) for x in m) for m in (q_meta, k_meta))
   check_inputs(q, k, v, spec, q_meta, k_meta, kernel="pallas_gpu_attention", cache_layout=False,
                unsupported=unsupported_reason)
@@ -320,27 +336,37 @@ def pallas_gpu_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret=N
                explicit=bwd_block_q is not None or bwd_block_k is not None,
                names=("bwd_block_q", "bwd_block_k"))
   cfg = Config(spec=spec, interpret=bool(interpret), block_q=fwd[0], block_k=fwd[1],
-               bwd_block_q=bwd[0], bwd_block_k=bwd[1])
+               bwd_block_q=bwd[0], bwd_block_k=bwd[1], forward=forward)
   q_meta, k_meta = (tuple(x.astype(jnp.int32) for x in m) for m in (q_meta, k_meta))
   # The tables depend on the metadata only: built once here, outside the differentiated
   # function, and dead code under jit when no gradient is taken.
-  fwd_table = visit_table(tile_classes(spec, q_meta, k_meta, cfg.block_q, cfg.block_k))
+  # (The Hopper forward builds its own, at its 128 x 64 tiles.)
+  fwd_table = (visit_table(tile_classes(spec, q_meta, k_meta, cfg.block_q, cfg.block_k))
+               if forward == "triton" else jnp.zeros((0,), jnp.int32))
   bwd_classes = tile_classes(spec, q_meta, k_meta, cfg.bwd_block_q, cfg.bwd_block_k)
   tables = (fwd_table, visit_table(bwd_classes),
             visit_table(jnp.swapaxes(bwd_classes, 1, 2)))
   return _attention(q, k, v, q_meta, k_meta, tables, cfg)
 
 
+def _run_forward(q, k, v, q_meta, k_meta, tables, cfg):
+  """(out, lse) of the configured forward kernel; both give the natural-log logsumexp of
+  the scaled scores (+inf on rows that see nothing) that the backward reads."""
+  if cfg.forward == "mosaic":
+    from cardjax.attention.pallas_mgpu import mgpu_forward
+
+    return mgpu_forward(q, k, v, cfg.spec, q_meta, k_meta, interpret=cfg.interpret)
+  return _forward(q, k, v, q_meta, k_meta, tables[0], spec=cfg.spec, block_q=cfg.block_q,
+                  block_k=cfg.block_k, interpret=cfg.interpret)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
 def _attention(q, k, v, q_meta, k_meta, tables, cfg):
-  out, _ = _forward(q, k, v, q_meta, k_meta, tables[0], spec=cfg.spec, block_q=cfg.block_q,
-                    block_k=cfg.block_k, interpret=cfg.interpret)
-  return out
+  return _run_forward(q, k, v, q_meta, k_meta, tables, cfg)[0]
 
 
 def _attention_fwd(q, k, v, q_meta, k_meta, tables, cfg):
-  out, lse = _forward(q, k, v, q_meta, k_meta, tables[0], spec=cfg.spec, block_q=cfg.block_q,
-                      block_k=cfg.block_k, interpret=cfg.interpret)
+  out, lse = _run_forward(q, k, v, q_meta, k_meta, tables, cfg)
   return out, (q, k, v, q_meta, k_meta, tables, out, lse)
 
 

@@ -13,6 +13,10 @@
   xla         cardjax/attention/xla.py (dense reference, structured two-stream path).
   splash      cardjax/attention/splash.py, TPU only (or interpret mode).
   pallas_gpu  cardjax/attention/pallas_gpu.py, GPU only (or interpret mode).
+  pallas_mgpu the Hopper forward of cardjax/attention/pallas_mgpu.py (Mosaic GPU: TMA,
+              wgmma, warp-specialized; bf16/fp16, head_dim 64 or 128) with pallas_gpu's
+              backward kernels; sm_90 GPUs only (or interpret mode). `auto` does not pick
+              it until a GPU measurement puts it in AUTO_GPU.
   cudnn       jax.nn.dot_product_attention(implementation="cudnn"), GPU only; causal and
               bidirectional; packed documents go in as a boolean [b, 1, T, T] mask.
 
@@ -43,8 +47,8 @@ from cardjax.errors import CardjaxError
 
 log = logging.getLogger("cardjax.attention")
 
-IMPLEMENTATIONS = ("auto", "xla", "splash", "pallas_gpu", "cudnn")
-KERNEL_PLATFORM = {"splash": "tpu", "pallas_gpu": "gpu", "cudnn": "gpu"}
+IMPLEMENTATIONS = ("auto", "xla", "splash", "pallas_gpu", "pallas_mgpu", "cudnn")
+KERNEL_PLATFORM = {"splash": "tpu", "pallas_gpu": "gpu", "pallas_mgpu": "gpu", "cudnn": "gpu"}
 INTERPRET_ENV = "CARDJAX_ATTENTION_INTERPRET"
 BLOCK_OR_TWO_STREAM = ("dual_stream", "bd3lm", "block_causal")
 CUDNN_KINDS = ("causal", "bidirectional")
@@ -117,15 +121,25 @@ def unsupported_reason(impl: str, spec: MaskSpec, q_len: int, k_len: int, head_d
     return splash.unsupported_reason(spec, q_len, k_len, head_dim)
   if impl == "pallas_gpu":
     return _pallas_gpu().unsupported_reason(spec, q_len, k_len, head_dim)
+  if impl == "pallas_mgpu":
+    return (_pallas_gpu().unsupported_reason(spec, q_len, k_len, head_dim)
+            or _kernel("pallas_mgpu").unsupported_reason(spec, q_len, k_len, head_dim, dtype))
   return _cudnn_reason(spec, q_len, k_len, head_dim, dtype)
+
+
+# What `auto` tries on a GPU, per mask kind, fastest first as measured: one NVIDIA H200,
+# bf16, d 128, 2026-12-04 (results/kernels/attention_gpu_h200_2026-12-04.md): cuDNN's
+# causal kernel beats pallas_gpu on the kinds it serves; pallas_gpu beats cuDNN with a
+# dense mask 1.85-4.06x on the others. pallas_mgpu joins where a GPU run measures it faster.
+AUTO_GPU = {kind: ("pallas_gpu",) for kind in BLOCK_OR_TWO_STREAM}
+AUTO_GPU.update({kind: ("cudnn", "pallas_gpu") for kind in CUDNN_KINDS})
 
 
 def _auto(spec, q_len, k_len, head_dim, dtype, platform) -> str:
   if platform == "tpu":
     order = ("splash",)
   elif platform == "gpu":
-    order = (("pallas_gpu",) if spec.kind in BLOCK_OR_TWO_STREAM
-             else ("cudnn", "pallas_gpu"))
+    order = AUTO_GPU[spec.kind]
   else:
     order = ()
   for impl in order:
@@ -154,7 +168,8 @@ def choose(impl: str, spec: MaskSpec, q_shape, k_shape, dtype=jnp.float32, *,
                                f"of {q_len} queries x {k_len} keys, head_dim {head_dim}: "
                                f"{reason}; {FIX}")
     chosen = impl
-  key = (impl, chosen, spec.kind, platform, interpret and chosen in ("splash", "pallas_gpu"))
+  key = (impl, chosen, spec.kind, platform,
+         interpret and chosen in ("splash", "pallas_gpu", "pallas_mgpu"))
   if key not in _logged:
     _logged.add(key)
     mode = " (interpret mode)" if key[-1] else ""
@@ -189,15 +204,17 @@ def run(chosen: str, q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret: bool
   if chosen == "splash":
     from cardjax.attention.splash import splash_attention
     return splash_attention(q, k, v, spec, q_meta, k_meta, interpret=interpret)
-  if chosen == "pallas_gpu":
-    return _pallas_gpu().pallas_gpu_attention(q, k, v, spec, q_meta, k_meta,
-                                              interpret=True if interpret else None)
+  if chosen in ("pallas_gpu", "pallas_mgpu"):
+    return _pallas_gpu().pallas_gpu_attention(
+        q, k, v, spec, q_meta, k_meta, interpret=True if interpret else None,
+        forward="mosaic" if chosen == "pallas_mgpu" else "triton")
   return cudnn_attention(q, k, v, spec, q_meta, k_meta)
 
 
 # The cached forward's path per implementation: the kernel that reads the cache's layout
 # ([b, kv_heads, slots, d], a few queries over many slots) on each platform, or xla.
-CACHED_KERNEL = {"pallas_gpu": "pallas_decode", "cudnn": "pallas_decode"}
+CACHED_KERNEL = {"pallas_gpu": "pallas_decode", "pallas_mgpu": "pallas_decode",
+                 "cudnn": "pallas_decode"}
 
 
 def _pallas_decode():
@@ -222,14 +239,15 @@ def cached_choose(impl: str, spec: MaskSpec, q_shape, slots: int, dtype=jnp.floa
   """The path of a KV-cache forward (decoding's prefill and steps: q [b, tq, h, d] over
   `slots` cache slots) for `model.attention_impl`:
 
-    xla                          xla's cache_attention
-    pallas_gpu, cudnn            pallas_decode (the flash-decoding kernel over the cache's
-                                 layout; cuDNN has none for it), an error where it cannot
-                                 serve the call
-    auto                         pallas_decode on GPU, tpu_decode on TPU, where it serves
-                                 the call; else xla
-    splash                       tpu_decode (the TPU flash-decoding kernel; also in interpret
-                                 mode) where it serves the call, else xla (logged, with why)
+    xla                    xla's cache_attention
+    pallas_gpu, pallas_mgpu,
+    cudnn                  pallas_decode (the flash-decoding kernel over the cache's layout;
+                           cuDNN and the Hopper kernel have none for it), an error where it
+                           cannot serve the call
+    auto                   pallas_decode on GPU, tpu_decode on TPU, where it serves the
+                           call; else xla
+    splash                 tpu_decode (the TPU flash-decoding kernel; also in interpret
+                           mode) where it serves the call, else xla (logged, with why)
 
   Logged once per distinct choice, as `choose` does."""
   if impl not in IMPLEMENTATIONS:

@@ -12,7 +12,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 ROPE_TYPES = ("default", "linear", "llama3")
 # = cardjax.attention.select.IMPLEMENTATIONS (not imported: the config stays jax-free)
-ATTENTION_IMPLS = ("auto", "xla", "splash", "pallas_gpu", "cudnn")
+ATTENTION_IMPLS = ("auto", "xla", "splash", "pallas_gpu", "pallas_mgpu", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True)
