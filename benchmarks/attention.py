@@ -134,6 +134,53 @@ def error_table(report, length: int, interpret: bool, patterns=PATTERNS) -> floa
   return worst
 
 
+def hopper_errors(report, length: int, interpret: bool, patterns=PATTERNS) -> float:
+  """The Hopper forward (attention_impl=pallas_mgpu: pallas_mgpu.py's forward, pallas_gpu's
+  backward) against the dense reference per pattern: bf16 inputs (its only kind), 4 heads /
+  2 kv heads, d=64; max |error| over output and gradients relative to the largest
+  reference entry. Returns the worst."""
+  import jax
+  import jax.numpy as jnp
+
+  from cardjax.attention import dense_mask, reference_attention
+  from cardjax.attention import pallas_gpu as pg
+
+  report(f"\nHopper forward vs dense reference ({'interpret mode' if interpret else 'compiled'}"
+         f"), L={length}, bfloat16 inputs, 4 heads / 2 kv heads, d=64; error relative to the "
+         "largest reference entry\n")
+  report("| pattern | output | dq | dk | dv |\n|---|---|---|---|---|")
+  worst = 0.0
+  for name, spec, kind, docs in patterns:
+    meta = batched_meta(kind, length, docs)
+    t = meta[0].shape[1]
+    keys = jax.random.split(jax.random.key(0), 4)
+    q = jax.random.normal(keys[0], (1, t, 4, 64), jnp.bfloat16)
+    k, v = (jax.random.normal(x, (1, t, 2, 64), jnp.bfloat16) for x in keys[1:3])
+    seen = dense_mask(spec, meta, meta).any(-1)[:, :, None, None]
+    w = jax.random.normal(keys[3], q.shape) * seen
+
+    def run(fn, *args):
+      def loss(q, k, v):
+        out = fn(q, k, v).astype(jnp.float32)
+        return jnp.sum(out * w), out
+      (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(
+          *args)
+      return [np.asarray(x, np.float32) for x in (out, *grads)]
+
+    got = run(lambda q, k, v: pg.pallas_gpu_attention(q, k, v, spec, meta, meta,
+                                                      interpret=interpret, forward="mosaic"),
+              q, k, v)
+    with jax.default_matmul_precision("highest"):
+      ref = run(lambda q, k, v: reference_attention(q, k, v, spec, meta, meta),
+                *(x.astype(jnp.float32) for x in (q, k, v)))
+    rows = np.asarray(seen, np.float32)
+    errs = [float(np.abs((got[0] - ref[0]) * rows).max() / np.abs(ref[0] * rows).max())]
+    errs += [float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(got[1:], ref[1:])]
+    worst = max(worst, *errs)
+    report(f"| {name} | " + " | ".join(f"{e:.1e}" for e in errs) + " |")
+  return worst
+
+
 def visible_pairs(spec, meta) -> int:
   """Visible (query, key) pairs of one row, counted in chunks of queries (no T x T array)."""
   pos, streams, seg = (np.asarray(x)[0] for x in meta)
@@ -146,10 +193,12 @@ def visible_pairs(spec, meta) -> int:
 
 
 def gpu_timings(report, lengths, heads: int, kv_heads: int, head_dim: int, tokens: int,
-                budget_s: float, patterns=GPU_PATTERNS, on_row=None, smoke: bool = False) -> None:
+                budget_s: float, patterns=GPU_PATTERNS, on_row=None, smoke: bool = False,
+                hopper: bool = False) -> None:
   """The timing table; on_row(dict) gets each row's figures. smoke: the same table on a CPU
   at toy sizes (the kernel in interpret mode at 16 x 16 tiles, XLA's attention in place of
-  cuDNN), so the code that writes it is exercised where there is no GPU."""
+  cuDNN), so the code that writes it is exercised where there is no GPU. hopper: a column
+  for attention_impl=pallas_mgpu (the Hopper forward, pallas_gpu's backward)."""
   import jax
   import jax.numpy as jnp
 
@@ -160,8 +209,10 @@ def gpu_timings(report, lengths, heads: int, kv_heads: int, head_dim: int, token
   report(f"\nGPU timings: {jax.devices()[0].device_kind}, jax {jax.__version__}, bfloat16, "
          f"{heads} heads / {kv_heads} kv heads, d={head_dim}, batch = max(1, {tokens} // T); "
          "ms (useful TFLOP/s)\n")
+  extra = " Hopper kernel | Hopper share of causal |" if hopper else ""
   report("| pattern | L | T | pass | kernel | cuDNN + mask | cuDNN causal | "
-         "speedup vs masked | share of causal TFLOP/s |\n|---|---|---|---|---|---|---|---|---|")
+         f"speedup vs masked | share of causal TFLOP/s |{extra}\n"
+         "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if hopper else ""))
   impl = "xla" if smoke else "cudnn"
   tile = 16 if smoke else None
   for name, spec, kind, docs in patterns:
@@ -189,6 +240,9 @@ def gpu_timings(report, lengths, heads: int, kv_heads: int, head_dim: int, token
                  q, k, v, mask=m, implementation=impl), mask),
              "causal": (lambda q, k, v, m: jax.nn.dot_product_attention(
                  q, k, v, is_causal=True, implementation=impl), None)}
+      if hopper:
+        fns["hopper"] = (lambda q, k, v, m: pg.pallas_gpu_attention(
+            q, k, v, spec, m, m, interpret=smoke, forward="mosaic"), meta)
       for label, flops_per_pair in (("fwd", 4), ("fwd+bwd", 14)):
         cells = {}
         for key, (fn, aux) in fns.items():
@@ -210,7 +264,9 @@ def gpu_timings(report, lengths, heads: int, kv_heads: int, head_dim: int, token
                + " | ".join(f"{1e3 * cells[x]:.2f} ({tf[x]:.0f})"
                             for x in ("kernel", "masked", "causal"))
                + f" | {cells['masked'] / cells['kernel']:.2f}x"
-               + f" | {100 * tf['kernel'] / tf['causal']:.0f}% |")
+               + f" | {100 * tf['kernel'] / tf['causal']:.0f}% |"
+               + (f" {1e3 * cells['hopper']:.2f} ({tf['hopper']:.0f}) | "
+                  f"{100 * tf['hopper'] / tf['causal']:.0f}% |" if hopper else ""))
         if on_row:
           on_row({"pattern": name, "length": length, "tokens": t, "batch": batch,
                   "pass": label, "kernel_ms": 1e3 * cells["kernel"],
@@ -218,7 +274,10 @@ def gpu_timings(report, lengths, heads: int, kv_heads: int, head_dim: int, token
                   "cudnn_causal_ms": 1e3 * cells["causal"], "kernel_tflops": tf["kernel"],
                   "cudnn_masked_tflops": tf["masked"], "cudnn_causal_tflops": tf["causal"],
                   "speedup_vs_masked": cells["masked"] / cells["kernel"],
-                  "share_of_causal": tf["kernel"] / tf["causal"]})
+                  "share_of_causal": tf["kernel"] / tf["causal"],
+                  **({"hopper_ms": 1e3 * cells["hopper"], "hopper_tflops": tf["hopper"],
+                      "hopper_share_of_causal": tf["hopper"] / tf["causal"]}
+                     if hopper else {})})
 
 
 def main() -> None:

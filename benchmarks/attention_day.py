@@ -4,13 +4,15 @@ cuDNN, forward and forward+backward, as JSON (benchmarks/attention.py's timing t
   python -m benchmarks.attention_day [--lengths 4096,16384] [--json OUT.json] [--md OUT.md]
 
 First the compiled kernel against the dense reference (output and gradients, L = 1024, the
-timed patterns); a kernel off by more than 1e-3 gets no timings. Then, per pattern (MARS
-dual stream, 4 packed documents, causal) and row length: ms of the kernel, of cuDNN with the
-dense mask and of cuDNN causal over the same row, bf16, 16 heads / 4 kv heads, d = 128,
-16384 tokens a call; TFLOP/s count the pattern's visible (query, key) pairs only (4 d
-flops a pair forward, 14 d forward+backward, per head), so `share_of_causal` is the
-kernel's useful TFLOP/s as a share of cuDNN causal's. --smoke runs the same code on a CPU
-(interpret mode, XLA in place of cuDNN, toy sizes).
+timed patterns); a kernel off by more than 1e-3 gets no timings. On an sm_90 GPU the Hopper
+forward (attention_impl=pallas_mgpu) is checked the same way in bf16 (within 3e-2 of the
+largest entry) and, if it passes, timed in its own column beside the others. Then, per
+pattern (MARS dual stream, 4 packed documents, causal) and row length: ms of the kernel, of
+cuDNN with the dense mask and of cuDNN causal over the same row, bf16, 16 heads / 4 kv
+heads, d = 128, 16384 tokens a call; TFLOP/s count the pattern's visible (query, key) pairs
+only (4 d flops a pair forward, 14 d forward+backward, per head), so `share_of_causal` is
+the kernel's useful TFLOP/s as a share of cuDNN causal's. --smoke runs the same code on a
+CPU (interpret mode, XLA in place of cuDNN, toy sizes).
 """
 
 from __future__ import annotations
@@ -23,6 +25,36 @@ COLUMNS = [("pattern", "pattern", ""), ("length", "L", "d"), ("pass", "pass", ""
            ("kernel_tflops", "kernel useful TFLOP/s", ".0f"),
            ("speedup_vs_masked", "vs cuDNN + mask", ".2f"),
            ("share_of_causal", "share of cuDNN causal", ".0%")]
+
+
+HOPPER_COLUMNS = [("hopper_ms", "Hopper kernel ms", ".2f"),
+                  ("hopper_share_of_causal", "Hopper share of cuDNN causal", ".0%")]
+HOPPER_TOLERANCE = 3e-2  # bf16 inputs and probabilities, relative to the largest entry
+
+
+def _hopper_checked(section, args, on_gpu: bool, patterns) -> bool:
+  """Whether the Hopper forward gets a timing column: an sm_90 GPU, a head dim it serves,
+  and every pattern within HOPPER_TOLERANCE of the reference first (noted either way)."""
+  import jax
+
+  from benchmarks.attention import hopper_errors
+
+  capability = getattr(jax.devices()[0], "compute_capability", "") if on_gpu else ""
+  if not str(capability).startswith("9") or args.head_dim not in (64, 128):
+    section.note(f"no Hopper kernel column: needs an sm_90 GPU and head_dim 64 or 128 "
+                 f"(compute capability {capability or 'none'}, head_dim {args.head_dim})")
+    return False
+  try:
+    worst = hopper_errors(print, args.check_length, interpret=False, patterns=patterns)
+  except Exception as e:  # noqa: BLE001  the Triton and cuDNN rows still run
+    section.note(f"Hopper kernel failed its check: {type(e).__name__}: {str(e)[:300]}")
+    return False
+  section.data["summary"]["hopper_max_relative_error"] = worst
+  if worst > HOPPER_TOLERANCE:
+    section.note(f"Hopper kernel off the reference by {worst:.1e} (> {HOPPER_TOLERANCE}): "
+                 "not timed")
+    return False
+  return True
 
 
 def main() -> None:
@@ -70,9 +102,12 @@ def main() -> None:
     section.data["summary"]["max_error"] = worst
     if worst > 1e-3:
       raise RuntimeError(f"the kernel differs from the reference by {worst:.1e}: no timings")
-    section.table(COLUMNS, f"max |kernel - reference| over output and gradients: {worst:.1e}")
+    hopper = _hopper_checked(section, args, on_gpu, patterns)
+    columns = COLUMNS + (HOPPER_COLUMNS if hopper else [])
+    section.table(columns, f"max |kernel - reference| over output and gradients: {worst:.1e}")
     gpu_timings(print, lengths, args.heads, args.kv_heads, args.head_dim, args.tokens,
-                args.budget_s, patterns=patterns, on_row=section.row, smoke=args.smoke)
+                args.budget_s, patterns=patterns, on_row=section.row, smoke=args.smoke,
+                hopper=hopper)
   except Exception as e:
     section.fail(e)
     raise

@@ -2,7 +2,7 @@
 the attention each `auto` picks and the other implementations where they apply.
 
   python -m benchmarks.train_mfu [--shapes mars_0_5b,mars_0_5b_compact,card_1b]
-      [--impls auto,pallas_gpu,xla,cudnn]
+      [--impls auto,pallas_gpu,pallas_mgpu,xla,cudnn]
       [--steps 3] [--json OUT.json] [--md OUT.md]
 
 Each shape is a recipe's config with random weights, run by the trainer's own jitted step
@@ -155,7 +155,7 @@ def time_step(config, batch: dict, steps: int) -> dict:
 def main() -> None:
   parser = arg_parser(__spec__, __doc__)
   parser.add_argument("--shapes", default=",".join(SHAPES))
-  parser.add_argument("--impls", default="auto,pallas_gpu,xla,cudnn",
+  parser.add_argument("--impls", default="auto,pallas_gpu,pallas_mgpu,xla,cudnn",
                       help="attention implementations, in order (auto's pick is not repeated)")
   parser.add_argument("--steps", type=int, default=3)
   parser.add_argument("--budget-s", type=float, default=0.0,

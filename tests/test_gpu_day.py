@@ -73,7 +73,7 @@ def test_train_rows_time_auto_and_say_why_a_gpu_kernel_is_skipped(smoke):
     assert set(TIMED_TRAIN_KEYS) <= set(r) and r["finite"] and r["step_ms"] > 0
     assert r["mfu"] is None  # no peak FLOP/s for a CPU: no MFU rather than a made-up one
   skipped = [r for r in rows if "skipped" in r]
-  assert {r["attention"] for r in skipped} == {"pallas_gpu", "cudnn"}
+  assert {r["attention"] for r in skipped} == {"pallas_gpu", "pallas_mgpu", "cudnn"}
   assert all("runs on GPU" in r["skipped"] for r in skipped)
 
 
