@@ -10,7 +10,7 @@ ahead, and is told by barriers when a slot is free again. The compute warpgroups
 turns on the tensor cores (a "schedule" barrier), so one's softmax overlaps the other's
 matrix products; both products are wgmma instructions with fp32 accumulators.
 
-What cardjax adds is the mask. The visit table of the Triton kernel (pallas_gpu.py:
+What cardjax adds is the mask. The visit table of the Triton kernel (device_tiles.py:
 tile_classes and visit_table, computed on device from the per-token metadata, at 128
 queries x BLOCK_K keys) lists per CTA the key tiles that can hold a visible pair, FULL
 ones first. Every warpgroup walks the same list, so EMPTY tiles are never loaded, FULL
@@ -44,6 +44,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from cardjax.attention.device_tiles import tile_classes, visit_table
 from cardjax.attention.masks import CLEAN, NOISY, MaskSpec
 
 BLOCK_Q = 64  # query rows per compute warpgroup; a CTA holds two
@@ -253,8 +254,6 @@ def mgpu_forward(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret=None,
   block-sparse attention with the contract of reference_attention. interpret: run Mosaic
   GPU's CPU interpreter (None: unless the default backend is a GPU), which takes the
   probabilities through shared memory (register_p None: from registers when compiled)."""
-  from cardjax.attention.pallas_gpu import tile_classes, visit_table
-
   interpret = jax.default_backend() != "gpu" if interpret is None else interpret
   register_p = not interpret if register_p is None else register_p
   b, tq, h, d = q.shape
