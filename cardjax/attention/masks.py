@@ -66,12 +66,21 @@ class MaskSpec:
 
   def allowed(self, q_pos, k_pos, q_stream, k_stream, q_seg, k_seg):
     """Boolean visibility; arguments broadcast against each other (numpy or jax arrays)."""
+    blockless = self.kind in ("causal", "bidirectional")
+    q_blk, k_blk = (None, None) if blockless else (q_pos // self.block_size,
+                                                   k_pos // self.block_size)
+    return self.allowed_in_blocks(q_pos, k_pos, q_blk, k_blk, q_stream, k_stream, q_seg,
+                                  k_seg)
+
+  def allowed_in_blocks(self, q_pos, k_pos, q_blk, k_blk, q_stream, k_stream, q_seg, k_seg):
+    """`allowed` with the block ids (position // block_size) given: for code that has
+    them already, or cannot divide (the Hopper kernel's fragments); the causal and
+    bidirectional kinds ignore them."""
     same_segment = q_seg == k_seg
     if self.kind == "causal":
       return same_segment & (k_pos <= q_pos)
     if self.kind == "bidirectional":
       return same_segment
-    q_blk, k_blk = q_pos // self.block_size, k_pos // self.block_size
     if self.kind == "block_causal":
       return same_segment & (k_blk <= q_blk)
     qc, kc = q_stream == CLEAN, k_stream == CLEAN

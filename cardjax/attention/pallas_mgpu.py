@@ -45,7 +45,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from cardjax.attention.device_tiles import tile_classes, visit_table
-from cardjax.attention.masks import CLEAN, NOISY, MaskSpec
+from cardjax.attention.masks import MaskSpec
 
 BLOCK_Q = 64  # query rows per compute warpgroup; a CTA holds two
 BLOCK_K = 64  # keys per streamed tile: 128 bytes of bf16, one 128-byte swizzle row
@@ -70,27 +70,6 @@ def unsupported_reason(spec: MaskSpec, q_len: int, k_len: int, head_dim: int,
     return (f"dtype {jnp.dtype(dtype).name} is not bfloat16 or float16 (wgmma's 16-bit "
             "operands); compute in bfloat16 or use attention_impl='pallas_gpu'")
   return None
-
-
-def rule(spec: MaskSpec, q, k):
-  """MaskSpec.allowed on (position, block id, stream, segment) tuples, with the block ids
-  given (the kernel has no integer floor division on fragments; positions are >= 0, so
-  the caller's pos // block_size is the same)."""
-  (qp, qb, qs, qg), (kp, kb, ks, kg) = q, k
-  same = qg == kg
-  if spec.kind == "causal":
-    return same & (kp <= qp)
-  if spec.kind == "bidirectional":
-    return same
-  if spec.kind == "block_causal":
-    return same & (kb <= qb)
-  qc, kc, qn, kn = qs == CLEAN, ks == CLEAN, qs == NOISY, ks == NOISY
-  if spec.kind == "dual_stream":
-    ok = ((qc & kc & (kp <= qp)) | (qn & kn & (kb == qb) & (kp <= qp))
-          | (qn & kc & (kb < qb)))
-  else:  # bd3lm
-    ok = (qn & kn & (kb == qb)) | (qn & kc & (kb < qb)) | (qc & kc & (kb <= qb))
-  return same & ok
 
 
 def packed_meta(spec: MaskSpec, meta, length: int, pad_segment: int):
@@ -162,7 +141,10 @@ def _kernel(table_ref, q_ref, kt_ref, v_ref, qm_ref, km_ref, out_ref, lse_ref, s
       plgpu.barrier_arrive(k_free.at[slot])
       s = s * (scale * LOG2E)  # base-2 exponentials from here on
       if masked:
-        s = jnp.where(rule(spec, rows, cols), s, -jnp.inf)
+        # The mask's own rule, with the block ids given (no integer floor division on
+        # fragments; positions are >= 0, so packed_meta's pos // block_size is the same).
+        (qp, qb, qs, qg), (kp, kb, ks, kg) = rows, cols
+        s = jnp.where(spec.allowed_in_blocks(qp, kp, qb, kb, qs, ks, qg, kg), s, -jnp.inf)
       m_new = jnp.maximum(m, s.max(axis=1))
       # A row that has seen no visible key keeps max -inf: subtract 0 instead, so
       # exp2(-inf - 0) = 0 rather than exp2(-inf + inf) = NaN.
