@@ -90,48 +90,20 @@ def kernel_tables(report, lengths) -> None:
 
 def error_table(report, length: int, interpret: bool, patterns=PATTERNS) -> float:
   """Max |kernel - reference| of output and gradients per pattern; returns the worst."""
-  import jax
   import jax.numpy as jnp
 
-  from cardjax.attention import dense_mask, reference_attention
   from cardjax.attention import pallas_gpu as pg
 
   mode = "interpret mode" if interpret else "compiled"
   tiles = "16 x 16 tiles" if interpret else "default tiles"
   report(f"\nkernel vs dense reference ({mode}, {tiles}), L={length}, float32, 4 heads / "
          "2 kv heads, d=64; loss weights 0 on rows with no visible key\n")
-  report("| pattern | output | dq | dk | dv |\n|---|---|---|---|---|")
-  worst = 0.0
-  for name, spec, kind, docs in patterns:
-    meta = batched_meta(kind, length, docs)
-    t = meta[0].shape[1]
-    keys = jax.random.split(jax.random.key(0), 4)
-    q = jax.random.normal(keys[0], (1, t, 4, 64))
-    k, v = (jax.random.normal(x, (1, t, 2, 64)) for x in keys[1:3])
-    seen = dense_mask(spec, meta, meta).any(-1)[:, :, None, None]  # rows with a visible key
-    w = jax.random.normal(keys[3], q.shape) * seen
-
-    def run(fn):
-      def loss(q, k, v):
-        out = fn(q, k, v)
-        return jnp.sum(out * w), out
-      (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(
-          q, k, v)
-      return [out, *grads]
-
-    # Interpret mode runs short rows: 16 x 16 tiles give them several tiles per side.
-    tile = 16 if interpret else None
-    got = run(lambda q, k, v: pg.pallas_gpu_attention(q, k, v, spec, meta, meta,
-                                                      interpret=interpret, block_q=tile,
-                                                      block_k=tile))
-    with jax.default_matmul_precision("highest"):
-      ref = run(lambda q, k, v: reference_attention(q, k, v, spec, meta, meta))
-    rows = np.asarray(seen, np.float32)  # the kernel returns 0 on rows that see nothing
-    errs = [float(np.abs((np.asarray(got[0]) - np.asarray(ref[0])) * rows).max())]
-    errs += [float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(got[1:], ref[1:])]
-    worst = max(worst, *errs)
-    report(f"| {name} | " + " | ".join(f"{e:.1e}" for e in errs) + " |")
-  return worst
+  # Interpret mode runs short rows: 16 x 16 tiles give them several tiles per side.
+  tile = 16 if interpret else None
+  return _errors(report, length, patterns, jnp.float32, relative=False,
+                 kernel=lambda q, k, v, spec, meta: pg.pallas_gpu_attention(
+                     q, k, v, spec, meta, meta, interpret=interpret, block_q=tile,
+                     block_k=tile))
 
 
 def hopper_errors(report, length: int, interpret: bool, patterns=PATTERNS) -> float:
@@ -139,24 +111,37 @@ def hopper_errors(report, length: int, interpret: bool, patterns=PATTERNS) -> fl
   backward) against the dense reference per pattern: bf16 inputs (its only kind), 4 heads /
   2 kv heads, d=64; max |error| over output and gradients relative to the largest
   reference entry. Returns the worst."""
-  import jax
   import jax.numpy as jnp
 
-  from cardjax.attention import dense_mask, reference_attention
   from cardjax.attention import pallas_gpu as pg
 
   report(f"\nHopper forward vs dense reference ({'interpret mode' if interpret else 'compiled'}"
          f"), L={length}, bfloat16 inputs, 4 heads / 2 kv heads, d=64; error relative to the "
          "largest reference entry\n")
+  return _errors(report, length, patterns, jnp.bfloat16, relative=True,
+                 kernel=lambda q, k, v, spec, meta: pg.pallas_gpu_attention(
+                     q, k, v, spec, meta, meta, interpret=interpret, forward="mosaic"))
+
+
+def _errors(report, length: int, patterns, dtype, relative: bool, kernel) -> float:
+  """The error table of `kernel(q, k, v, spec, meta)` against the dense reference (on the
+  same values in float32): per pattern the max |error| of the output (on rows that see a
+  key: the kernels return 0 on the others) and of dq, dk, dv, each divided by the largest
+  reference entry when `relative`. Returns the worst."""
+  import jax
+  import jax.numpy as jnp
+
+  from cardjax.attention import dense_mask, reference_attention
+
   report("| pattern | output | dq | dk | dv |\n|---|---|---|---|---|")
   worst = 0.0
   for name, spec, kind, docs in patterns:
     meta = batched_meta(kind, length, docs)
     t = meta[0].shape[1]
     keys = jax.random.split(jax.random.key(0), 4)
-    q = jax.random.normal(keys[0], (1, t, 4, 64), jnp.bfloat16)
-    k, v = (jax.random.normal(x, (1, t, 2, 64), jnp.bfloat16) for x in keys[1:3])
-    seen = dense_mask(spec, meta, meta).any(-1)[:, :, None, None]
+    q = jax.random.normal(keys[0], (1, t, 4, 64), dtype)
+    k, v = (jax.random.normal(x, (1, t, 2, 64), dtype) for x in keys[1:3])
+    seen = dense_mask(spec, meta, meta).any(-1)[:, :, None, None]  # rows with a visible key
     w = jax.random.normal(keys[3], q.shape) * seen
 
     def run(fn, *args):
@@ -167,15 +152,14 @@ def hopper_errors(report, length: int, interpret: bool, patterns=PATTERNS) -> fl
           *args)
       return [np.asarray(x, np.float32) for x in (out, *grads)]
 
-    got = run(lambda q, k, v: pg.pallas_gpu_attention(q, k, v, spec, meta, meta,
-                                                      interpret=interpret, forward="mosaic"),
-              q, k, v)
+    got = run(lambda q, k, v: kernel(q, k, v, spec, meta), q, k, v)
     with jax.default_matmul_precision("highest"):
       ref = run(lambda q, k, v: reference_attention(q, k, v, spec, meta, meta),
                 *(x.astype(jnp.float32) for x in (q, k, v)))
     rows = np.asarray(seen, np.float32)
-    errs = [float(np.abs((got[0] - ref[0]) * rows).max() / np.abs(ref[0] * rows).max())]
-    errs += [float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(got[1:], ref[1:])]
+    pairs = [(got[0] * rows, ref[0] * rows), *zip(got[1:], ref[1:])]
+    errs = [float(np.abs(a - b).max() / (np.abs(b).max() if relative else 1.0))
+            for a, b in pairs]
     worst = max(worst, *errs)
     report(f"| {name} | " + " | ".join(f"{e:.1e}" for e in errs) + " |")
   return worst
