@@ -24,7 +24,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from cardjax.attention import MaskSpec, reference_attention
+from cardjax.attention import MaskSpec, dense_mask, reference_attention
 from cardjax.attention.pallas_gpu import tile_classes, visit_fractions
 from cardjax.attention.pallas_mgpu import BLOCK_K, BLOCK_Q, mgpu_forward, unsupported_reason
 from cardjax.plan.targets import GPU_PLAN_DIR, gpu_plugin_in_plan_dir
@@ -59,8 +59,6 @@ def check(spec, q, k, v, q_meta, k_meta):
   np.testing.assert_allclose(np.asarray(out, np.float32) * rows, ref * rows, atol=TOL,
                              rtol=TOL)
   np.testing.assert_array_equal(np.asarray(out, np.float32) * (1 - rows), 0.0)
-  from cardjax.attention import dense_mask
-
   group = q.shape[2] // k.shape[2]
   kk = jnp.repeat(f32[1], group, axis=2)
   scores = jnp.einsum("bqhd,bkhd->bhqk", f32[0], kk) * q.shape[-1] ** -0.5
