@@ -106,21 +106,24 @@ def error_table(report, length: int, interpret: bool, patterns=PATTERNS) -> floa
                      block_k=tile))
 
 
-def hopper_errors(report, length: int, interpret: bool, patterns=PATTERNS) -> float:
-  """The Hopper forward (attention_impl=pallas_mgpu: pallas_mgpu.py's forward, pallas_gpu's
-  backward) against the dense reference per pattern: bf16 inputs (its only kind), 4 heads /
-  2 kv heads, d=64; max |error| over output and gradients relative to the largest
-  reference entry. Returns the worst."""
+def hopper_errors(report, length: int, interpret: bool, patterns=PATTERNS,
+                  backward: str = "mosaic") -> float:
+  """The Hopper kernels (attention_impl=pallas_mgpu: pallas_mgpu.py's forward and, with
+  backward="mosaic", pallas_mgpu_bwd.py's gradients; "triton": pallas_gpu's) against the
+  dense reference per pattern: bf16 inputs (their only kind), 4 heads / 2 kv heads, d=64;
+  max |error| over output and gradients relative to the largest reference entry. Returns
+  the worst."""
   import jax.numpy as jnp
 
   from cardjax.attention import pallas_gpu as pg
 
-  report(f"\nHopper forward vs dense reference ({'interpret mode' if interpret else 'compiled'}"
-         f"), L={length}, bfloat16 inputs, 4 heads / 2 kv heads, d=64; error relative to the "
-         "largest reference entry\n")
+  report(f"\nHopper forward, {backward} backward vs dense reference "
+         f"({'interpret mode' if interpret else 'compiled'}), L={length}, bfloat16 inputs, "
+         "4 heads / 2 kv heads, d=64; error relative to the largest reference entry\n")
   return _errors(report, length, patterns, jnp.bfloat16, relative=True,
                  kernel=lambda q, k, v, spec, meta: pg.pallas_gpu_attention(
-                     q, k, v, spec, meta, meta, interpret=interpret, forward="mosaic"))
+                     q, k, v, spec, meta, meta, interpret=interpret, forward="mosaic",
+                     backward=backward))
 
 
 def _errors(report, length: int, patterns, dtype, relative: bool, kernel) -> float:
@@ -178,11 +181,12 @@ def visible_pairs(spec, meta) -> int:
 
 def gpu_timings(report, lengths, heads: int, kv_heads: int, head_dim: int, tokens: int,
                 budget_s: float, patterns=GPU_PATTERNS, on_row=None, smoke: bool = False,
-                hopper: bool = False) -> None:
+                hopper: str | None = None) -> None:
   """The timing table; on_row(dict) gets each row's figures. smoke: the same table on a CPU
   at toy sizes (the kernel in interpret mode at 16 x 16 tiles, XLA's attention in place of
   cuDNN), so the code that writes it is exercised where there is no GPU. hopper: a column
-  for attention_impl=pallas_mgpu (the Hopper forward, pallas_gpu's backward)."""
+  for the Hopper forward with this backward ("mosaic": attention_impl=pallas_mgpu;
+  "triton": pallas_gpu's backward kernels), or None."""
   import jax
   import jax.numpy as jnp
 
@@ -226,7 +230,7 @@ def gpu_timings(report, lengths, heads: int, kv_heads: int, head_dim: int, token
                  q, k, v, is_causal=True, implementation=impl), None)}
       if hopper:
         fns["hopper"] = (lambda q, k, v, m: pg.pallas_gpu_attention(
-            q, k, v, spec, m, m, interpret=smoke, forward="mosaic"), meta)
+            q, k, v, spec, m, m, interpret=smoke, forward="mosaic", backward=hopper), meta)
       for label, flops_per_pair in (("fwd", 4), ("fwd+bwd", 14)):
         cells = {}
         for key, (fn, aux) in fns.items():

@@ -15,7 +15,7 @@
 #                    Qwen2.5-0.5B shapes, bf16 (benchmarks/forward_cost.py)
 #   3. train_step    the trainer's step for the MARS-0.5B and card_1b shapes: tokens/s and
 #                    MFU with each attention implementation (benchmarks/train_mfu.py)
-#   4. attention     the Pallas GPU kernels (Triton, and the Hopper forward on sm_90)
+#   4. attention     the Pallas GPU kernels (Triton, and the Hopper kernels on sm_90)
 #                    against cuDNN (benchmarks/attention_day.py)
 # OUT ends with at most 8 files, no folders: the four JSONs, gpu_day.md, gpu_day.log (all
 # output) and machine.txt. A section cut off by its slot is marked "timed_out" in its JSON

@@ -1,15 +1,18 @@
-"""The Hopper (Mosaic GPU) attention forward without a GPU: numerics in Mosaic GPU's CPU
-interpreter against the dense reference for every mask kind, and the kernel lowered and
-compiled by XLA:GPU for an H100 (the compiled variant, probabilities from registers).
+"""The Hopper (Mosaic GPU) attention kernels without a GPU: numerics of the forward and the
+backward in Mosaic GPU's CPU interpreter against the dense reference for every mask kind,
+and both lowered and compiled by XLA:GPU for an H100 (the compiled variant, probabilities
+from registers).
 
 What this cannot check: the PTX Mosaic GPU makes when the program loads on a GPU, the
-register-operand product (the interpreter takes wgmma operands from shared memory), and
+register-operand products (the interpreter takes wgmma operands from shared memory), and
 speed. The prepared GPU call checks those (benchmarks/gpu_kernels.py).
 
 Tolerance: bfloat16 inputs against the float32 reference on the same (rounded) values;
-the kernel rounds the probabilities to bfloat16 before the second product, as every
-flash kernel does, and returns bfloat16: 2e-2. The interpreter simulates every warpgroup
-in Python, so the shapes are small (each case a few seconds).
+the kernels round the probabilities to bfloat16 before the second product, as every
+flash kernel does, and return bfloat16: 2e-2 for the forward; gradients within 5% of the
+largest reference entry (ds is rounded to bfloat16 too). The interpreter simulates every
+warpgroup in Python, so the shapes are small (each case a few seconds to half a minute).
+The interpreter needs PJRT_NPROC >= 4 on small machines (tests/conftest.py sets it).
 """
 
 import faulthandler
@@ -27,11 +30,13 @@ import jax.numpy as jnp
 from cardjax.attention import MaskSpec, dense_mask, reference_attention
 from cardjax.attention.pallas_gpu import tile_classes, visit_fractions
 from cardjax.attention.pallas_mgpu import BLOCK_K, BLOCK_Q, mgpu_forward, unsupported_reason
+from cardjax.attention.pallas_mgpu_bwd import mgpu_backward
 from cardjax.plan.targets import GPU_PLAN_DIR, gpu_plugin_in_plan_dir
 from compact_helpers import compact_corrupt, sft_batch
 from test_pallas_gpu import inputs, packed_meta, seen
 
 TOL = 2e-2
+GRAD_TOL = 5e-2  # of the largest reference entry
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HANG_S = 300  # each case takes seconds; see the watchdog below
 
@@ -68,58 +73,106 @@ def check(spec, q, k, v, q_meta, k_meta):
   hit = np.isfinite(want)
   np.testing.assert_allclose(got[hit], want[hit], atol=TOL, rtol=TOL)
   assert np.isposinf(got[~hit]).all()
+  return out, lse
+
+
+def check_grads(spec, q, k, v, q_meta, k_meta, grads, w):
+  """grads (dq, dk, dv) against the reference's for the cotangent w on rows that see a
+  key (the reference gives a row that sees nothing the mean of v; the kernels give 0)."""
+  f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+  _, pull = jax.vjp(lambda q, k, v: reference_attention(q, k, v, spec, q_meta, k_meta), *f32)
+  for name, g, r in zip(("dq", "dk", "dv"), grads, pull(w)):
+    assert g.dtype == q.dtype and g.shape == r.shape, name
+    g, r = np.asarray(g, np.float32), np.asarray(r)
+    np.testing.assert_allclose(g, r, atol=GRAD_TOL * np.abs(r).max(), err_msg=name)
+
+
+def cotangent(spec, w, q_meta, k_meta):
+  return (w * seen(spec, q_meta, k_meta)).astype(jnp.bfloat16)
 
 
 # (spec, data tokens per stream, packed documents, padding tokens, kv heads, GQA ratio, d)
-CASES = [(MaskSpec("causal"), 250, 1, 0, 1, 2, 64),
+CASES = [(MaskSpec("causal"), 200, 1, 0, 1, 1, 64),
          (MaskSpec("bidirectional"), 100, 3, 4, 1, 1, 64),
          (MaskSpec("dual_stream", 8), 90, 2, 3, 1, 2, 64),
          (MaskSpec("bd3lm", 16), 70, 2, 2, 1, 1, 128),
          (MaskSpec("block_causal", 16), 130, 2, 6, 1, 1, 64)]
+# `make test` keeps one case (the quickest) so the interpreted path runs on every change;
+# `make test-kernels` (which CI runs too) takes the rest: minutes on 2 cores.
+INTERPRETED = pytest.mark.kernel_interpret
 
 
-@pytest.mark.parametrize("spec,length,docs,padding,kvh,ratio,d", CASES,
-                         ids=[c[0].kind for c in CASES])
+@pytest.mark.parametrize("spec,length,docs,padding,kvh,ratio,d", [
+    pytest.param(*c, id=c[0].kind, marks=() if c[0].kind == "bidirectional" else INTERPRETED)
+    for c in CASES])
 def test_matches_reference_on_packed_rows(spec, length, docs, padding, kvh, ratio, d):
   """Every mask kind on packed documents with padding, lengths that are not whole tiles
-  (the kernel pads to 128 queries x 64 keys), GQA, d 64 and 128."""
+  (the kernels pad to 128 rows), GQA, d 64 and 128: the forward, then the backward on its
+  residuals (a separate program, so the forward is not run twice)."""
   meta = packed_meta(spec.kind, length, docs, padding)
   t = meta[0].shape[1]
-  q, k, v, _ = inputs(jax.random.key(length), 1, t, t, kvh * ratio, kvh, d, jnp.bfloat16)
-  check(spec, q, k, v, meta, meta)
+  q, k, v, w = inputs(jax.random.key(length), 1, t, t, kvh * ratio, kvh, d, jnp.bfloat16)
+  out, lse = check(spec, q, k, v, meta, meta)
+  d_out = cotangent(spec, w, meta, meta)
+  grads = jax.jit(lambda *a: mgpu_backward(*a[:3], spec, meta, meta, *a[3:],
+                                           interpret=True))(q, k, v, out, lse, d_out)
+  check_grads(spec, q, k, v, meta, meta, grads, d_out.astype(jnp.float32))
   if spec.kind == "causal":  # one document: the walk takes all three kinds of tile
     shares = visit_fractions(tile_classes(spec, meta, meta, 2 * BLOCK_Q, BLOCK_K))
     assert min(shares.values()) > 0, shares
 
 
-def test_compact_mars_rows():
-  """MARS's compact noisy stream: the tables come from the metadata, so the same kernel
-  serves it."""
+@INTERPRETED
+def test_compact_mars_rows_through_attention_impl():
+  """MARS's compact noisy stream, as attention_impl=pallas_mgpu runs it: the Hopper forward
+  and backward under jax.grad, one program (the custom_vjp). The tables come from the
+  metadata, so the same kernels serve it."""
+  from cardjax.attention import pallas_gpu as pg
+
   batch = sft_batch([(0, [[(56, False), (24, True)], [(40, False), (40, True)]])], 160)
   corrupt = compact_corrupt(batch, 8, 0.6)
-  meta = (corrupt.positions, corrupt.streams, corrupt.segment_ids)
+  spec, meta = corrupt.mask, (corrupt.positions, corrupt.streams, corrupt.segment_ids)
   t = meta[0].shape[1]
-  q, k, v, _ = inputs(jax.random.key(7), 1, t, t, 2, 1, 64, jnp.bfloat16)
-  check(corrupt.mask, q, k, v, meta, meta)
+  q, k, v, w = inputs(jax.random.key(7), 1, t, t, 2, 1, 64, jnp.bfloat16)
+  d_out = cotangent(spec, w, meta, meta)
+
+  def value_and_grads(q, k, v, d_out):
+    out, pull = jax.vjp(lambda q, k, v: pg.pallas_gpu_attention(
+        q, k, v, spec, meta, meta, interpret=True, forward="mosaic"), q, k, v)
+    return out, pull(d_out)
+
+  out, grads = jax.jit(value_and_grads)(q, k, v, d_out)
+  rows = np.asarray(seen(spec, meta, meta))
+  ref = reference_attention(*(x.astype(jnp.float32) for x in (q, k, v)), spec, meta, meta)
+  np.testing.assert_allclose(np.asarray(out, np.float32) * rows, np.asarray(ref) * rows,
+                             atol=TOL, rtol=TOL)
+  check_grads(spec, q, k, v, meta, meta, grads, d_out.astype(jnp.float32))
 
 
+@INTERPRETED
 def test_rows_with_no_visible_key_give_zeros():
-  """Cross attention where half the queries' segment has no key: 0 and lse +inf there."""
+  """Cross attention where half the queries' segment has no key: 0 and lse +inf there,
+  and zero gradient from those rows."""
   tq, tk = 96, 160
   q_meta = (jnp.arange(tq, dtype=jnp.int32)[None] + 64, jnp.zeros((1, tq), jnp.int32),
             jnp.asarray([[1] * 48 + [2] * 48], jnp.int32))
   k_meta = (jnp.arange(tk, dtype=jnp.int32)[None], jnp.zeros((1, tk), jnp.int32),
             jnp.ones((1, tk), jnp.int32))
-  q, k, v, _ = inputs(jax.random.key(4), 1, tq, tk, 2, 2, 64, jnp.bfloat16)
-  check(MaskSpec("causal"), q, k, v, q_meta, k_meta)
+  q, k, v, w = inputs(jax.random.key(4), 1, tq, tk, 1, 1, 64, jnp.bfloat16)
+  spec = MaskSpec("causal")
+  out, lse = check(spec, q, k, v, q_meta, k_meta)
+  d_out = cotangent(spec, w, q_meta, k_meta)
+  grads = jax.jit(lambda *a: mgpu_backward(*a[:3], spec, q_meta, k_meta, *a[3:],
+                                           interpret=True))(q, k, v, out, lse, d_out)
+  check_grads(spec, q, k, v, q_meta, k_meta, grads, d_out.astype(jnp.float32))
+  np.testing.assert_array_equal(np.asarray(grads[0], np.float32)[:, 48:], 0.0)
 
 
+@INTERPRETED
 def test_the_triton_backward_takes_its_residuals():
-  """attention_impl=pallas_mgpu: this forward, pallas_gpu's dq and dk/dv kernels on its
-  (out, logsumexp): the gradients equal the reference's. The two run as separate programs
-  here: in one jitted program (the custom_vjp under jax.grad) Mosaic GPU's CPU interpreter,
-  whose simulated warpgroups block XLA's threads while they wait on barriers, deadlocked in
-  3 of 4 runs on 2 cores; alone, the interpreted forward never did (15 of 15)."""
+  """forward="mosaic", backward="triton": pallas_gpu's dq and dk/dv kernels on this
+  forward's (out, logsumexp) give the reference's gradients, so either backward can follow
+  either forward."""
   from cardjax.attention import pallas_gpu as pg
   from cardjax.attention.pallas_gpu_bwd import backward
 
@@ -127,20 +180,15 @@ def test_the_triton_backward_takes_its_residuals():
   meta = packed_meta("dual_stream", 60, 2, 3)
   t = meta[0].shape[1]
   q, k, v, w = inputs(jax.random.key(9), 1, t, t, 2, 1, 64, jnp.bfloat16)
-  rows = seen(spec, meta, meta)
-  d_out = (w * rows).astype(jnp.bfloat16)
+  d_out = cotangent(spec, w, meta, meta)
   out, lse = jax.jit(lambda q, k, v: mgpu_forward(q, k, v, spec, meta, meta,
                                                   interpret=True))(q, k, v)
   cfg = pg.Config(spec=spec, interpret=True, block_q=64, block_k=64, bwd_block_q=32,
-                  bwd_block_k=32, forward="mosaic")
+                  bwd_block_k=32, forward="mosaic", backward="triton")
   classes = pg.tile_classes(spec, meta, meta, 32, 32)
   tables = (None, pg.visit_table(classes), pg.visit_table(jnp.swapaxes(classes, 1, 2)))
-  got = backward(cfg, q, k, v, meta, meta, tables, out, lse, d_out)
-  f32 = [x.astype(jnp.float32) for x in (q, k, v)]
-  _, pull = jax.vjp(lambda q, k, v: reference_attention(q, k, v, spec, meta, meta), *f32)
-  for name, g, r in zip(("dq", "dk", "dv"), got, pull(d_out.astype(jnp.float32))):
-    g, r = np.asarray(g, np.float32), np.asarray(r)
-    np.testing.assert_allclose(g, r, atol=5e-2 * np.abs(r).max(), err_msg=name)
+  grads = backward(cfg, q, k, v, meta, meta, tables, out, lse, d_out)
+  check_grads(spec, q, k, v, meta, meta, grads, d_out.astype(jnp.float32))
 
 
 def test_unsupported_reason():
@@ -160,6 +208,7 @@ _start_worker(trace_check=False)
 import jax, jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 from cardjax.attention import MaskSpec
+from cardjax.attention.pallas_gpu import pallas_gpu_attention
 from cardjax.attention.pallas_mgpu import mgpu_forward
 from cardjax.plan.targets import gpu_devices
 
@@ -176,8 +225,14 @@ for kind, block, d in (("causal", 0, 128), ("bidirectional", 0, 64), ("dual_stre
                                              interpret=False)
   lowered = jax.jit(fn).lower(q, k, k, m, m, m)
   compiled = lowered.compile()
+  # The backward as training runs it: attention_impl=pallas_mgpu under jax.grad.
+  loss = lambda q, k, v, a, b, c: pallas_gpu_attention(
+      q, k, v, spec, (a, b, c), (a, b, c), interpret=False, forward="mosaic").sum()
+  grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, k, m, m, m)
+  grad.compile()
   out[kind] = {"mosaic": "mosaic_gpu" in lowered.as_text(),
-               "flops": (compiled.cost_analysis() or {}).get("flops")}
+               "flops": (compiled.cost_analysis() or {}).get("flops"),
+               "grad_kernels": grad.as_text().count("mosaic_gpu")}
 print("RESULT " + json.dumps(out))
 """
 
@@ -185,8 +240,10 @@ print("RESULT " + json.dumps(out))
 @pytest.mark.skipif(not gpu_plugin_in_plan_dir(),
                     reason=f"no jax_cuda12_plugin in {GPU_PLAN_DIR} (`make install-gpu-plan`)")
 def test_every_mask_kind_compiles_for_h100_without_a_gpu():
-  """The compiled variant (probabilities from registers, K tiles by TMA, wgmma) lowers
-  through Mosaic GPU for sm_90 and XLA:GPU compiles the program around it."""
+  """The compiled variants (probabilities and ds from registers, tiles by TMA, wgmma) of
+  the forward and of the training step's gradient (forward, dq and dk/dv kernels) lower
+  through Mosaic GPU for sm_90 within its shared memory, and XLA:GPU compiles the
+  programs around them."""
   env = dict(os.environ, PYTHONPATH=ROOT)
   run = subprocess.run([sys.executable, "-c", COMPILE], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
@@ -195,3 +252,4 @@ def test_every_mask_kind_compiles_for_h100_without_a_gpu():
   result = json.loads(lines[-1][len("RESULT "):])
   assert set(result) == {"causal", "bidirectional", "dual_stream", "bd3lm", "block_causal"}
   assert all(r["mosaic"] for r in result.values()), result
+  assert all(r["grad_kernels"] >= 3 for r in result.values()), result

@@ -3,8 +3,8 @@ class EMPTY / PARTIAL / FULL from per-tile bounds of the real metadata, and per 
 visit table that lists the FULL then the PARTIAL key tiles.
 
 The Triton kernels (pallas_gpu.py, whose docstring gives the rules and why they are exact)
-and the Hopper forward (pallas_mgpu.py) walk the same tables; this module is the one both
-import, so neither kernel module imports the other's.
+and the Hopper kernels (pallas_mgpu.py, pallas_mgpu_bwd.py) walk the same tables; this
+module is the one both import, so neither kernel module imports the other's.
 """
 
 from __future__ import annotations

@@ -173,8 +173,9 @@ def _forward(q, k, v, q_meta, k_meta, table, *, spec, block_q, block_k, interpre
 @dataclasses.dataclass(frozen=True)
 class Config:
   """The static (hashable) settings of one call: mask, tiles of each pass, interpreter,
-  and which forward kernel runs ("triton", or "mosaic": the Hopper kernel of
-  pallas_mgpu.py, whose residuals the same backward kernels take)."""
+  and which kernels run each pass ("triton", or "mosaic": the Hopper kernels of
+  pallas_mgpu.py and pallas_mgpu_bwd.py; either backward takes either forward's
+  residuals)."""
   spec: MaskSpec
   interpret: bool
   block_q: int
@@ -182,11 +183,12 @@ class Config:
   bwd_block_q: int
   bwd_block_k: int
   forward: str = "triton"
+  backward: str = "triton"
 
 
 def pallas_gpu_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret=None,
                          block_q=None, block_k=None, bwd_block_q=None, bwd_block_k=None,
-                         forward: str = "triton"):
+                         forward: str = "triton", backward: str | None = None):
   """Block-sparse flash attention; the contract of reference_attention.
 
   q [b, tq, h, d]; k, v [b, tk, kv_heads, d]; q_meta / k_meta (positions, streams,
@@ -202,17 +204,20 @@ def pallas_gpu_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret=N
   CardjaxError naming the kernel, the tiles, the bytes needed and the limit.
   Differentiable: jax.custom_vjp with Pallas dq and dk/dv kernels.
   forward="mosaic": the forward runs the Hopper kernel (pallas_mgpu.py: bf16 / fp16, head
-  dims 64 and 128, its own 128 x 64 tiles), the backward these Triton kernels.
+  dims 64 and 128, its own 128 x 64 tiles); backward: the gradient kernels, "triton" or
+  "mosaic" (pallas_mgpu_bwd.py, same limits), None: the forward's choice.
   """
-  if forward not in ("triton", "mosaic"):
-    raise ValueError(f"forward={forward!r}: use 'triton' or 'mosaic'")
-  if forward == "mosaic":
+  backward = forward if backward is None else backward
+  for name, value in (("forward", forward), ("backward", backward)):
+    if value not in ("triton", "mosaic"):
+      raise ValueError(f"{name}={value!r}: use 'triton' or 'mosaic'")
+  if "mosaic" in (forward, backward):
     from cardjax.attention import pallas_mgpu
 
     reason = pallas_mgpu.unsupported_reason(spec, q.shape[1], k.shape[1], q.shape[-1],
                                             q.dtype)
     if reason:
-      raise CardjaxError(f"the Hopper attention forward cannot serve this call: {reason}")
+      raise CardjaxError(f"the Hopper attention kernels cannot serve this call: {reason}")
   q_meta, k_meta = (tuple(jnp.asarray(x) for x in m) for m in (q_meta, k_meta))
   check_inputs(q, k, v, spec, q_meta, k_meta, kernel="pallas_gpu_attention", cache_layout=False,
                unsupported=unsupported_reason)
@@ -235,16 +240,19 @@ def pallas_gpu_attention(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret=N
                explicit=bwd_block_q is not None or bwd_block_k is not None,
                names=("bwd_block_q", "bwd_block_k"))
   cfg = Config(spec=spec, interpret=bool(interpret), block_q=fwd[0], block_k=fwd[1],
-               bwd_block_q=bwd[0], bwd_block_k=bwd[1], forward=forward)
+               bwd_block_q=bwd[0], bwd_block_k=bwd[1], forward=forward, backward=backward)
   q_meta, k_meta = (tuple(x.astype(jnp.int32) for x in m) for m in (q_meta, k_meta))
   # The tables depend on the metadata only: built once here, outside the differentiated
   # function, and dead code under jit when no gradient is taken.
-  # (The Hopper forward builds its own, at its 128 x 64 tiles.)
+  # (The Hopper kernels build their own, at their 128 x 64 and 64 x 128 tiles.)
+  none = jnp.zeros((0,), jnp.int32)
   fwd_table = (visit_table(tile_classes(spec, q_meta, k_meta, cfg.block_q, cfg.block_k))
-               if forward == "triton" else jnp.zeros((0,), jnp.int32))
-  bwd_classes = tile_classes(spec, q_meta, k_meta, cfg.bwd_block_q, cfg.bwd_block_k)
-  tables = (fwd_table, visit_table(bwd_classes),
-            visit_table(jnp.swapaxes(bwd_classes, 1, 2)))
+               if forward == "triton" else none)
+  tables = (fwd_table, none, none)
+  if backward == "triton":
+    bwd_classes = tile_classes(spec, q_meta, k_meta, cfg.bwd_block_q, cfg.bwd_block_k)
+    tables = (fwd_table, visit_table(bwd_classes),
+              visit_table(jnp.swapaxes(bwd_classes, 1, 2)))
   return _attention(q, k, v, q_meta, k_meta, tables, cfg)
 
 
@@ -271,7 +279,13 @@ def _attention_fwd(q, k, v, q_meta, k_meta, tables, cfg):
 
 def _attention_bwd(cfg, res, d_out):
   q, k, v, q_meta, k_meta, tables, out, lse = res
-  dq, dk, dv = backward(cfg, q, k, v, q_meta, k_meta, tables, out, lse, d_out)
+  if cfg.backward == "mosaic":
+    from cardjax.attention.pallas_mgpu_bwd import mgpu_backward
+
+    dq, dk, dv = mgpu_backward(q, k, v, cfg.spec, q_meta, k_meta, out, lse, d_out,
+                               interpret=cfg.interpret)
+  else:
+    dq, dk, dv = backward(cfg, q, k, v, q_meta, k_meta, tables, out, lse, d_out)
   zeros = lambda tree: jax.tree.map(  # noqa: E731  integer inputs take float0 cotangents
       lambda x: np.zeros(x.shape, jax.dtypes.float0), tree)
   return dq, dk, dv, zeros(q_meta), zeros(k_meta), zeros(tables)

@@ -13,10 +13,10 @@
   xla         cardjax/attention/xla.py (dense reference, structured two-stream path).
   splash      cardjax/attention/splash.py, TPU only (or interpret mode).
   pallas_gpu  cardjax/attention/pallas_gpu.py, GPU only (or interpret mode).
-  pallas_mgpu the Hopper forward of cardjax/attention/pallas_mgpu.py (Mosaic GPU: TMA,
-              wgmma, warp-specialized; bf16/fp16, head_dim 64 or 128) with pallas_gpu's
-              backward kernels; sm_90 GPUs only (or interpret mode). `auto` does not pick
-              it until a GPU measurement puts it in AUTO_GPU.
+  pallas_mgpu the Hopper kernels of cardjax/attention/pallas_mgpu.py (forward) and
+              pallas_mgpu_bwd.py (dq, dk/dv): Mosaic GPU, TMA, wgmma, warp-specialized;
+              bf16/fp16, head_dim 64 or 128; sm_90 GPUs only (or interpret mode). `auto`
+              does not pick it until a GPU measurement puts it in AUTO_GPU.
   cudnn       jax.nn.dot_product_attention(implementation="cudnn"), GPU only; causal and
               bidirectional; packed documents go in as a boolean [b, 1, T, T] mask.
 
