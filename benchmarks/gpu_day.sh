@@ -94,10 +94,10 @@ elif [ -z "$pack" ]; then
   [ -f runs/bench_pack/inputs.json ] && pack=runs/bench_pack
 fi
 
-run_section decode 200 45 benchmarks.decode_device --pack "$pack"
+run_section decode 190 45 benchmarks.decode_device --pack "$pack"
 run_section forward_cost 90 25 benchmarks.forward_cost
 XLA_PYTHON_CLIENT_MEM_FRACTION=0.92 run_section train_step 150 55 benchmarks.train_mfu
-run_section attention 65 30 benchmarks.attention_day
+run_section attention 75 30 benchmarks.attention_day
 [ "$smoke" = 1 ] && rm -rf "$pack"
 echo "== gpu_day: $(( SECONDS - start )) s; files in $out: $(ls "$out" | tr '\n' ' ')"
 exit "$status"

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -70,6 +72,22 @@ def unsupported_reason(spec: MaskSpec, q_len: int, k_len: int, head_dim: int,
     return (f"dtype {jnp.dtype(dtype).name} is not bfloat16 or float16 (wgmma's 16-bit "
             "operands); compute in bfloat16 or use attention_impl='pallas_gpu'")
   return None
+
+
+def interpret_params():
+  """The `interpret` argument of plgpu.kernel for Mosaic GPU's CPU interpreter. It runs
+  each simulated warpgroup as its own XLA execution, which holds a thread of the CPU
+  client's pool while it waits on a barrier; the pool has one thread per core unless
+  PJRT_NPROC says otherwise, and with fewer than 4 a kernel of three warpgroups can
+  deadlock. Warns then, naming the fix (the variable is read when jax starts)."""
+  from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+  threads = int(os.environ.get("PJRT_NPROC") or os.cpu_count() or 1)
+  if threads < 4:
+    warnings.warn(f"Mosaic GPU's interpreter may deadlock with {threads} CPU-client "
+                  "threads: set PJRT_NPROC=8 in the environment before jax starts",
+                  RuntimeWarning, stacklevel=3)
+  return InterpretGPUParams()
 
 
 def packed_meta(spec: MaskSpec, meta, length: int, pad_segment: int):
@@ -273,11 +291,7 @@ def mgpu_forward(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret=None,
     pl.run_scoped(lambda smem, bars, sched: body(*refs, (smem, bars, sched)), scratch,
                   barriers, plgpu.Barrier(num_arrivals=2), collective_axes="wg")
 
-  params = {}
-  if interpret:
-    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-
-    params["interpret"] = InterpretGPUParams()
+  params = {"interpret": interpret_params()} if interpret else {}
   out, lse = plgpu.kernel(
       entry,
       out_shape=[jax.ShapeDtypeStruct((b, tq_p, h, d), q.dtype),

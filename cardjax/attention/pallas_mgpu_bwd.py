@@ -44,8 +44,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from cardjax.attention.device_tiles import tile_classes, visit_table
 from cardjax.attention.masks import MaskSpec
 from cardjax.attention.pallas_mgpu import (BLOCK_K, BLOCK_Q, LOG2E, META, PAD_K_SEG,
-                                           PAD_Q_SEG, STAGES, _COL, _ROW, packed_meta,
-                                           unsupported_reason)
+                                           PAD_Q_SEG, STAGES, _COL, _ROW, interpret_params,
+                                           packed_meta, unsupported_reason)
 
 _TILED = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 
@@ -273,11 +273,7 @@ def _launch(body, scratch, barriers, out_shape, grid, grid_names, interpret, arg
     pl.run_scoped(lambda smem, bars: body(*refs, (with_none(smem), bars)), given, barriers,
                   collective_axes="wg")
 
-  params = {}
-  if interpret:
-    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-
-    params["interpret"] = InterpretGPUParams()
+  params = {"interpret": interpret_params()} if interpret else {}
   return plgpu.kernel(entry, out_shape=out_shape, grid=grid, grid_names=grid_names,
                       num_threads=3, thread_name="wg",
                       compiler_params=plgpu.CompilerParams(approx_math=True), **params)(*args)
