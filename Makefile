@@ -65,9 +65,11 @@ test: $(STAMP) $(GPU_PLAN_STAMP)
 
 # The Hopper kernels' numerics in Mosaic GPU's CPU interpreter, forward and gradients for
 # every mask kind (marker kernel_interpret): a few minutes on 2 cores, so out of `make
-# test`, which keeps one case; CI runs this target after it.
+# test` (which compiles them for an H100); CI runs this target after it. The interpreter
+# holds a thread of the CPU client's pool per simulated warpgroup: PJRT_NPROC gives the
+# pool 8 (one per core by default, which deadlocks it on 2 cores).
 test-kernels: $(STAMP)
-	$(BIN)/python -m pytest -q -m kernel_interpret -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	PJRT_NPROC=8 $(BIN)/python -m pytest -q -m kernel_interpret -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # ruff with the project's rules ([tool.ruff] in pyproject.toml); CI runs it before the tests.
 lint: $(STAMP)

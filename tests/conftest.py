@@ -14,11 +14,6 @@ _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 os.environ["JAX_PLATFORMS"] = "cpu"
-# Mosaic GPU's CPU interpreter (tests/test_pallas_mgpu.py) runs each simulated warpgroup as
-# its own XLA execution, which blocks a thread of the CPU client's pool while it waits on a
-# barrier; with the default pool (one thread per core) a 2-core machine deadlocks in it.
-# The pool's size only: XLA's compute threads are a separate pool.
-os.environ.setdefault("PJRT_NPROC", "8")
 # libtpu on the path before jax starts, for the compile-only TPU devices of `cardjax plan`
 # (tests/test_plan.py); JAX_PLATFORMS keeps every other test on the CPU.
 from cardjax.plan.targets import add_libtpu_path  # noqa: E402 (imports no jax)
