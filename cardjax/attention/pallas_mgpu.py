@@ -59,6 +59,7 @@ PAD_Q_SEG, PAD_K_SEG = -2, -1  # length padding: never the same segment as anyth
 LOG2E = math.log2(math.e)
 _ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per accumulator row (query)
 _COL = plgpu.Layout.WGMMA.reduce(0)  # one value per accumulator column (key)
+TILED = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))  # 16-bit tiles in smem
 
 
 def unsupported_reason(spec: MaskSpec, q_len: int, k_len: int, head_dim: int,
@@ -72,6 +73,23 @@ def unsupported_reason(spec: MaskSpec, q_len: int, k_len: int, head_dim: int,
     return (f"dtype {jnp.dtype(dtype).name} is not bfloat16 or float16 (wgmma's 16-bit "
             "operands); compute in bfloat16 or use attention_impl='pallas_gpu'")
   return None
+
+
+def settle_mode(spec: MaskSpec, q, k, interpret, from_registers):
+  """(interpret, from_registers) of a call, after refusing inputs the kernels do not serve:
+  interpret None means the interpreter unless the default backend is a GPU; from_registers
+  None means the left operands from registers when compiled (the interpreter cannot)."""
+  interpret = jax.default_backend() != "gpu" if interpret is None else interpret
+  reason = unsupported_reason(spec, q.shape[1], k.shape[1], q.shape[-1], q.dtype)
+  if reason:
+    raise ValueError(reason)
+  return interpret, not interpret if from_registers is None else from_registers
+
+
+def layout_cast(interpret: bool):
+  """plgpu.layout_cast, or the identity in the interpreter: layouts are hints to the
+  lowering, with no meaning to the interpreter (it has no rule for them)."""
+  return (lambda x, layout: x) if interpret else plgpu.layout_cast
 
 
 def interpret_params():
@@ -112,8 +130,7 @@ def _kernel(table_ref, q_ref, kt_ref, v_ref, qm_ref, km_ref, out_ref, lse_ref, s
   stages, _, block_k = kt_smem.shape
   block_q, head_dim = q_smem2.shape[1:]
   dtype = q_smem2.dtype
-  # Layouts are hints to the lowering, with no meaning to the interpreter (it has no rule).
-  cast = (lambda x, layout: x) if interpret else plgpu.layout_cast
+  cast = layout_cast(interpret)
 
   def take_turn():  # the two compute warpgroups alternate on the tensor cores
     plgpu.barrier_arrive(sched)
@@ -254,13 +271,9 @@ def mgpu_forward(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret=None,
   block-sparse attention with the contract of reference_attention. interpret: run Mosaic
   GPU's CPU interpreter (None: unless the default backend is a GPU), which takes the
   probabilities through shared memory (register_p None: from registers when compiled)."""
-  interpret = jax.default_backend() != "gpu" if interpret is None else interpret
-  register_p = not interpret if register_p is None else register_p
+  interpret, register_p = settle_mode(spec, q, k, interpret, register_p)
   b, tq, h, d = q.shape
   tk, kvh = k.shape[1], k.shape[2]
-  reason = unsupported_reason(spec, tq, tk, d, q.dtype)
-  if reason:
-    raise ValueError(reason)
   cta_q = 2 * BLOCK_Q
   nq, nk = -(-tq // cta_q), -(-tk // BLOCK_K)
   tq_p, tk_p = nq * cta_q, nk * BLOCK_K
@@ -270,14 +283,13 @@ def mgpu_forward(q, k, v, spec: MaskSpec, q_meta, k_meta, *, interpret=None,
   vp = jnp.pad(v, ((0, 0), (0, tk_p - tk), (0, 0), (0, 0)))
   qm = packed_meta(spec, q_meta, tq_p, PAD_Q_SEG)
   km = packed_meta(spec, k_meta, tk_p, PAD_K_SEG)
-  tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
   scratch = [
-      plgpu.SMEM((2, BLOCK_Q, d), q.dtype, transforms=tiled),  # q, then the output
-      plgpu.SMEM((STAGES, d, BLOCK_K), q.dtype, transforms=tiled),
-      plgpu.SMEM((STAGES, BLOCK_K, d), q.dtype, transforms=tiled),
+      plgpu.SMEM((2, BLOCK_Q, d), q.dtype, transforms=TILED),  # q, then the output
+      plgpu.SMEM((STAGES, d, BLOCK_K), q.dtype, transforms=TILED),
+      plgpu.SMEM((STAGES, BLOCK_K, d), q.dtype, transforms=TILED),
       plgpu.SMEM((2, META, BLOCK_Q), jnp.int32),
       plgpu.SMEM((STAGES, META, BLOCK_K), jnp.int32),
-      plgpu.SMEM((2, BLOCK_Q, BLOCK_K), q.dtype, transforms=tiled),
+      plgpu.SMEM((2, BLOCK_Q, BLOCK_K), q.dtype, transforms=TILED),
       plgpu.SMEM((2, BLOCK_Q), jnp.float32),
   ]
   barriers = (plgpu.Barrier(num_barriers=STAGES), plgpu.Barrier(num_barriers=STAGES),

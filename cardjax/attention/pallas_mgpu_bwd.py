@@ -43,16 +43,11 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from cardjax.attention.device_tiles import tile_classes, visit_table
 from cardjax.attention.masks import MaskSpec
+from cardjax.attention.pallas_common import pad_len
 from cardjax.attention.pallas_mgpu import (BLOCK_K, BLOCK_Q, LOG2E, META, PAD_K_SEG,
-                                           PAD_Q_SEG, STAGES, _COL, _ROW, interpret_params,
-                                           packed_meta, unsupported_reason)
-
-_TILED = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-
-
-def _identity(x, layout):
-  del layout
-  return x
+                                           PAD_Q_SEG, STAGES, TILED, _COL, _ROW,
+                                           interpret_params, layout_cast, packed_meta,
+                                           settle_mode)
 
 
 def _product(lhs, rhs, shape):
@@ -116,7 +111,7 @@ def _dq_kernel(table_ref, q_ref, do_ref, lse_ref, delta_ref, qm_ref, kt_ref, vt_
   block_q, head_dim = q2.shape[1:]
   block_k = k_smem.shape[1]
   dtype = q2.dtype
-  cast = _identity if interpret else plgpu.layout_cast
+  cast = layout_cast(interpret)
 
   @pl.when(wg < 2)
   def _compute():
@@ -187,7 +182,7 @@ def _dkv_kernel(table_ref, k_ref, v_ref, km_ref, q_ref, qt_ref, do_ref, dot_ref,
   block_k, head_dim = k2.shape[1:]
   block_q = q_smem.shape[1]
   dtype = k2.dtype
-  cast = _identity if interpret else plgpu.layout_cast
+  cast = layout_cast(interpret)
 
   @pl.when(wg < 2)
   def _compute():
@@ -284,22 +279,13 @@ def mgpu_backward(q, k, v, spec: MaskSpec, q_meta, k_meta, out, lse, d_out, *,
   """(dq, dk, dv) of mgpu_forward for the cotangent d_out of its output; lse is the
   forward's [b, h, tq_padded] natural-log logsumexp. interpret / register_ds: as
   mgpu_forward's interpret / register_p."""
-  interpret = jax.default_backend() != "gpu" if interpret is None else interpret
-  register_ds = not interpret if register_ds is None else register_ds
+  interpret, register_ds = settle_mode(spec, q, k, interpret, register_ds)
   b, tq, h, d = q.shape
   tk, kvh = k.shape[1], k.shape[2]
-  reason = unsupported_reason(spec, tq, tk, d, q.dtype)
-  if reason:
-    raise ValueError(reason)
   group, dtype = h // kvh, q.dtype
   cta_q, cta_k = 2 * BLOCK_Q, 2 * BLOCK_K
   nq, nk = -(-tq // cta_q), -(-tk // cta_k)
   tq_p, tk_p = nq * cta_q, nk * cta_k
-
-  def pad(x, length, value=0.0):
-    widths = [(0, 0)] * x.ndim
-    widths[1] = (0, length - x.shape[1])
-    return jnp.pad(x, widths, constant_values=value)
 
   d_out = d_out.astype(dtype)
   # Rows past tq only pad the length: lse +inf there makes their p exactly 0.
@@ -307,14 +293,15 @@ def mgpu_backward(q, k, v, spec: MaskSpec, q_meta, k_meta, out, lse, d_out, *,
                  constant_values=jnp.inf)
   delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32), d_out.astype(jnp.float32))
   delta = jnp.pad(delta, ((0, 0), (0, 0), (0, tq_p - tq)))
-  qp, dop, kp, vp = pad(q, tq_p), pad(d_out, tq_p), pad(k, tk_p), pad(v, tk_p)
+  qp, dop, kp, vp = (pad_len(x, n) for x, n in ((q, tq_p), (d_out, tq_p), (k, tk_p),
+                                                 (v, tk_p)))
   qm = packed_meta(spec, q_meta, tq_p, PAD_Q_SEG)
   km = packed_meta(spec, k_meta, tk_p, PAD_K_SEG)
   common = dict(spec=spec, scale=d ** -0.5, group=group, register_ds=register_ds,
                 interpret=interpret)
 
   def smem(*shape, dt=dtype, tiled=True):
-    return plgpu.SMEM(shape, dt, transforms=_TILED if tiled else ())
+    return plgpu.SMEM(shape, dt, transforms=TILED if tiled else ())
 
   dq_table = visit_table(tile_classes(spec, q_meta, k_meta, cta_q, BLOCK_K))
   dq_scratch = [smem(2, BLOCK_Q, d), smem(2, BLOCK_Q, d),
