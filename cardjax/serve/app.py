@@ -94,9 +94,13 @@ def create_app(engine: Engine, tau: TauControl | None = None,
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
     jobs = []
+    stream = parsed.stream
     for i, prompt in enumerate(parsed.prompts):
       def sink(event, i=i):  # on the decode thread: handed over with its round's events
-        handoff.put(loop, events, (i, event))
+        # A whole response is built from its "done" event alone (its text is the job's
+        # whole text): text deltas would only cost the event loop a wake-up each.
+        if stream or event["type"] != "delta":
+          handoff.put(loop, events, (i, event))
       jobs.append(Job(prompt, parsed.settings, parsed.max_tokens,
                       TextStream(engine.tokenizer, parsed.stop), sink))
     limits.check_queue(scheduler.waiting(), len(jobs))  # no await since: nothing slips in
