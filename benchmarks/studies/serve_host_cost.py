@@ -10,7 +10,8 @@ cache in --out). C client threads send --requests 24-token prompts each (32 toke
 greedy, ignore_eos) one after another, after a warm level of 16 requests each. Over the
 measured level the study reads each server thread's CPU time from /proc (Linux): the XLA
 compute pool (threads named tf_XLAEigen), the event loop (the process's main thread, where
-uvicorn runs), and the other Python threads (the decode thread, jax's dispatch threads), as
+uvicorn runs), and the other threads (the decode thread; jax's threads, which run each
+program's unsplit ops and dispatch: at one row most of a step runs there), as
 cores in use over the wall time; the event loop's CPU per request; the load generator's own
 CPU. With --keep-alive each client keeps one HTTP connection (as the OpenAI client does)
 instead of urllib's connection per request.
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
       "tokens_per_s": round(level["server_tokens_per_s"], 1),
       "rows_per_step": level["server_rows_per_step"], "thread_share": level["thread_share"],
       "cores": {"xla_compute": round(xla / wall, 3), "event_loop": round(loop / wall, 3),
-                "other_python": round(other / wall, 3), "clients": round(client / wall, 3)},
+                "other_threads": round(other / wall, 3), "clients": round(client / wall, 3)},
       "event_loop_ms_per_request": round(1e3 * loop / level["requests"], 3),
       "machine": info}
   print(json.dumps(report, indent=1))
