@@ -27,7 +27,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import random
 import threading
 import time
 import types
@@ -91,17 +90,14 @@ def main(argv: list[str] | None = None) -> None:
   info = announce(f"serve host cost, {args.method}, {args.clients} clients")
   server = serve_overhead.Server(run, args.method, out / "compilation_cache", options)
   try:
-    rng = random.Random(0)
-
-    def prompts(n):
-      return [[rng.randrange(4, 512) for _ in range(serve_overhead.PROMPT_LEN)]
-              for _ in range(n)]
-    serve_overhead.server_level(server.url, "bench", [prompts(16) for _ in range(args.clients)],
-                                32)  # warm
+    def per_client(n: int, seed: int) -> list[list[list[int]]]:
+      ids = serve_overhead.prompts(args.clients * n, 512, seed)  # write_run: 512 ids
+      return [ids[k * n:(k + 1) * n] for k in range(args.clients)]
+    serve_overhead.server_level(server.url, "bench", per_client(16, 0), 32)  # warm
     before, clock = thread_cpu(server.proc.pid), time.perf_counter()
     mine = os.times()
     level = serve_overhead.server_level(
-        server.url, "bench", [prompts(args.requests) for _ in range(args.clients)], 32)
+        server.url, "bench", per_client(args.requests, 1), 32)
     wall = time.perf_counter() - clock
     after, mine_after = thread_cpu(server.proc.pid), os.times()
   finally:
@@ -121,9 +117,7 @@ def main(argv: list[str] | None = None) -> None:
       "event_loop_ms_per_request": round(1e3 * loop / level["requests"], 3),
       "machine": info}
   print(json.dumps(report, indent=1))
-  if args.json:
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+  serve_overhead.write(args.json, report)
 
 
 if __name__ == "__main__":

@@ -98,7 +98,8 @@ def create_app(engine: Engine, tau: TauControl | None = None,
     for i, prompt in enumerate(parsed.prompts):
       def sink(event, i=i):  # on the decode thread: handed over with its round's events
         # A whole response is built from its "done" event alone (its text is the job's
-        # whole text): text deltas would only cost the event loop a wake-up each.
+        # whole text): a text delta per step would only cost the event loop a queue item
+        # and a pass of _events each.
         if stream or event["type"] != "delta":
           handoff.put(loop, events, (i, event))
       jobs.append(Job(prompt, parsed.settings, parsed.max_tokens,
