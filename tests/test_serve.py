@@ -6,6 +6,8 @@ serving, a client that leaves mid-stream frees its row."""
 import concurrent.futures
 import json
 import time
+import urllib.error
+import urllib.request
 
 import openai
 import pytest
@@ -194,6 +196,10 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(client, server):
     status, answer = _post(url, json.dumps(body).encode())
     assert status == code and message in answer["error"]["message"], (body, answer)
     assert answer["error"]["type"] == "invalid_request_error"
+  with pytest.raises(urllib.error.HTTPError) as got:  # a completion path takes POST only
+    urllib.request.urlopen(url + "/v1/chat/completions", timeout=30)
+  assert got.value.code == 405 and "takes POST" in json.loads(got.value.read())["error"][
+      "message"]
   with pytest.raises(openai.BadRequestError, match="max_tokens=-3"):
     client.completions.create(model="run", prompt="a", max_tokens=-3)
   assert client.completions.create(model="run", prompt="a", max_tokens=3).usage.completion_tokens
@@ -218,6 +224,7 @@ def test_a_client_leaving_mid_stream_frees_its_row(tmp_path):
                            "--chunk", "1", "--slots", "2048")
   try:
     _leave_mid_stream(url)
+    _leave_while_waiting(url)
     # The pool's step that was in flight when its only request left is dropped, not
     # waited for: the next request is served as usual.
     status, answer, _ = post(url, {"model": "run", "prompt": PROMPTS[0], "max_tokens": 5,
@@ -226,6 +233,39 @@ def test_a_client_leaving_mid_stream_frees_its_row(tmp_path):
   finally:
     proc.kill()
     proc.wait()
+
+
+def _leave_while_waiting(url):
+  """A client of a whole (non-streamed) answer hangs up while its row decodes: the server
+  sees the connection close (no answer is written to notice it) and frees the row."""
+  import socket
+
+  cancelled = metric(url, 'cardjax_requests_total{status="cancelled"}')
+  body = json.dumps({"model": "run", "prompt": PROMPTS[0], "max_tokens": 2000,
+                     "method": "ar", "ignore_eos": True}).encode()
+  host, port = url.removeprefix("http://").split(":")
+  with socket.create_connection((host, int(port)), timeout=30) as sock:
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                 b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    deadline = time.monotonic() + 60
+    while metric(url, "cardjax_running_requests") == 0:  # its row is decoding
+      assert time.monotonic() < deadline, "the request never started"
+      time.sleep(0.05)
+  _await_cancelled(url, cancelled, "the abandoned whole answer")
+
+
+def _await_cancelled(url, cancelled: float, what: str):
+  # Both gauges too: a cancellation the decode thread meets between rounds once left
+  # them at their last round's values.
+  names = ['cardjax_requests_total{status="cancelled"}', "cardjax_running_requests",
+           "cardjax_queue_depth"]
+  deadline = time.monotonic() + 60
+  while time.monotonic() < deadline:
+    seen = [metric(url, name) for name in names]
+    if seen[0] > cancelled and seen[1] == 0 and seen[2] == 0:
+      return
+    time.sleep(0.2)
+  pytest.fail(f"{what}'s request was not cancelled: {dict(zip(names, seen))}")
 
 
 def _leave_mid_stream(url):
@@ -238,17 +278,6 @@ def _leave_mid_stream(url):
     for line in r.iter_lines():
       if line.startswith("data: "):
         break  # the first chunk arrived; hang up
-  # Both gauges too: a cancellation the decode thread meets between rounds once left
-  # them at their last round's values.
-  names = ['cardjax_requests_total{status="cancelled"}', "cardjax_running_requests",
-           "cardjax_queue_depth"]
-  deadline = time.monotonic() + 60
-  while time.monotonic() < deadline:
-    seen = [metric(url, name) for name in names]
-    if seen[0] > cancelled and seen[1] == 0 and seen[2] == 0:
-      break
-    time.sleep(0.2)
-  else:
-    pytest.fail(f"the abandoned stream's request was not cancelled: {dict(zip(names, seen))}")
+  _await_cancelled(url, cancelled, "the abandoned stream")
   text = metric(url, "cardjax_generated_tokens_total")
   assert text > 0 and metric(url, "cardjax_time_to_first_token_seconds_count") > 0

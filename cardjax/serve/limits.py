@@ -51,19 +51,25 @@ class Limits:
                          "server's limit (--max-body-bytes): send a shorter prompt",
                     code="request_too_large")
 
-  async def read_body(self, request) -> bytes:
-    """The body, refused with 413 as soon as it is known to pass the limit: from its
-    Content-Length before reading, or while it streams in."""
-    length = request.headers.get("content-length")
-    if length and length.isdigit() and int(length) > self.max_body_bytes:
-      raise self.too_large()
+  async def read_body(self, scope, receive) -> bytes | None:
+    """The body of an ASGI request, refused with 413 as soon as it is known to pass the
+    limit: from its Content-Length before reading, or while it streams in. None: the
+    client left before it was all sent."""
+    for name, value in scope["headers"]:
+      if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
+        raise self.too_large()
     parts, size = [], 0
-    async for part in request.stream():
+    while True:
+      message = await receive()
+      if message["type"] == "http.disconnect":
+        return None
+      part = message.get("body", b"")
       size += len(part)
       if size > self.max_body_bytes:
         raise self.too_large()
       parts.append(part)
-    return b"".join(parts)
+      if not message.get("more_body", False):
+        return b"".join(parts)
 
   def check_queue(self, waiting: int, adding: int) -> None:
     """429 when `adding` more requests would queue past max_queue."""

@@ -30,6 +30,11 @@ class APIError(Exception):
                                                                    kind, code)
     self.headers = headers  # e.g. Retry-After on a 429
 
+  @property
+  def outcome(self) -> str:
+    """Its label in the server's request counter (cardjax_requests_total)."""
+    return {401: "unauthorized", 429: "rejected"}.get(self.status, "bad_request")
+
   def body(self) -> dict:
     return {"error": {"message": self.message, "type": self.kind, "param": self.param,
                       "code": self.code}}
