@@ -2,7 +2,8 @@
 against a bare cached forward of the same width, and the fixed cost of one call.
 
   python -m benchmarks.decode_overhead [--json OUT] [--batches 1,4,16] [--lengths 32,96]
-      [--settings ar,mars-fit,...] [--repeats 3] [--bare-forwards 30] [--quick] [--toy]
+      [--settings ar,mars-fit,...] [--repeats 3] [--rounds 5] [--bare-forwards 30] [--quick]
+      [--toy]
 
 Settings (--settings): ar (KV cache); mars-fit and mars-full (the window decoder, window
 "fit" and "full", B = 4, tau 0.6); mars-block (the block-level cache, cache_block 16);
@@ -19,6 +20,12 @@ stop ids, so every row writes all its tokens and the schedule is the decoder's o
 are the Generation's `forwards`. A timing is the best of --repeats calls after a compile
 call, the two lengths timed in turn (a slow spell of a shared machine hits both).
 decoder_ms_per_forward = (T2 - T1) / (F2 - F1).
+
+Rounds: a ratio of two differences of timings moves by 0.1-0.3 from run to run on a shared
+2-core machine, more than the gaps it is meant to show. So a row is --rounds rounds, each
+timing the decoder (both lengths) and then its bare forwards afresh (their loops compile
+once); the row's figures are the median round's (by overhead_ratio), with
+overhead_ratio_range [min, max] and overhead_ratio_rounds beside them.
 
 Width: the new tokens per row that one loop forward feeds to `forward_cached`.
   ar           1.
@@ -80,12 +87,14 @@ MARS_B, CARD_B, CACHE_BLOCK = 4, 8, 16
 MARS_TAU, CARD_TAU = 0.6, 0.7
 LENGTHS, QUICK_LENGTHS = (32, 96), (8, 40)
 BARE_FORWARDS, QUICK_BARE_FORWARDS = 30, 10
+ROUNDS = 5  # the overhead's median and range over this many rounds
 BARE_REPEATS = 5  # a bare timing is short and cheap: more tries than the decoders get
 COLUMNS = [("method", "method", ""), ("setting", "setting", ""), ("batch", "batch", "d"),
            ("width", "width", ".1f"), ("tokens_per_forward", "tokens / forward / row", ".2f"),
            ("decoder_ms_per_forward", "decoder ms / forward", ".3f"),
            ("bare_ms_per_forward", "bare ms / forward", ".3f"),
-           ("overhead_ratio", "overhead", ".2f"), ("call_fixed_ms", "fixed ms / call", ".2f")]
+           ("overhead_ratio", "overhead", ".2f"), ("overhead_ratio_range", "rounds' range", ""),
+           ("call_fixed_ms", "fixed ms / call", ".2f")]
 
 
 class Setting(NamedTuple):
@@ -173,10 +182,9 @@ def counting_model(module):
   return copy, seen
 
 
-def full_forward_ms(graphdef, state, batch: int, width: int, forwards: int,
-                    repeats: int) -> float:
-  """ms per full bidirectional forward of `width` tokens (no cache, MDLM's forward): the
-  best of `repeats` timings of a jitted loop of `forwards`."""
+def full_forward_loop(graphdef, state, batch: int, width: int, forwards: int):
+  """A call that runs a jitted loop of `forwards` full bidirectional forwards of `width`
+  tokens (no cache, MDLM's forward)."""
   import jax
   import jax.numpy as jnp
   from flax import nnx
@@ -198,13 +206,14 @@ def full_forward_ms(graphdef, state, batch: int, width: int, forwards: int,
 
     return jax.lax.fori_loop(0, forwards, body, jnp.float32(0))
 
-  return best_seconds(lambda: loop(state), repeats) / forwards * 1e3
+  return lambda: loop(state)
 
 
 class Bench:
   """One model, its prompts and a memo of bare forward timings shared by the settings."""
 
-  def __init__(self, cfg, lengths: tuple[int, int], repeats: int, bare_forwards: int):
+  def __init__(self, cfg, lengths: tuple[int, int], repeats: int, bare_forwards: int,
+               rounds: int = 1):
     import numpy as np
     from flax import nnx
 
@@ -220,22 +229,23 @@ class Bench:
                     for _ in range(PROMPTS)]
     self.width = padded_width(self.prompts)
     self.lengths, self.repeats, self.bare_forwards = lengths, repeats, bare_forwards
-    self._bare: dict = {}
+    self.rounds = rounds
+    self._bare: dict = {}  # (kind, batch, width, slots) -> its compiled bare loop
     self._counting = None  # (frozen counting copy, its list of widths), built on first use
 
   def bare_ms(self, key: str, batch: int, width: int, slots: int) -> float:
-    from cardjax.eval.forward_cost import forward_ms
+    """ms per bare forward, timed afresh (a round's figure); its loop compiled once."""
+    from cardjax.eval.forward_cost import forward_loop
 
     memo = ("full" if key == "mdlm" else "cached", batch, width, slots)
     if memo not in self._bare:
       if key == "mdlm":
-        ms = full_forward_ms(self.graphdef, self.state, batch, width, self.bare_forwards,
-                             BARE_REPEATS)
+        self._bare[memo] = full_forward_loop(self.graphdef, self.state, batch, width,
+                                             self.bare_forwards)
       else:
-        ms = forward_ms(self.graphdef, self.state, batch, width, slots, self.width,
-                        self.bare_forwards, BARE_REPEATS)
-      self._bare[memo] = ms
-    return self._bare[memo]
+        self._bare[memo] = forward_loop(self.graphdef, self.state, batch, width, slots,
+                                        self.width, self.bare_forwards)
+    return best_seconds(self._bare[memo], BARE_REPEATS) / self.bare_forwards * 1e3
 
   def row(self, s: Setting, batch: int) -> dict:
     from cardjax.decoding.methods import Options, make_decoder
@@ -247,31 +257,39 @@ class Bench:
     gens = {n: decoders[n](prompts) for n in self.lengths}  # the compile calls
     for n, gen in gens.items():
       assert (gen.lengths == n).all(), (s.key, n, gen.lengths)  # no stop: every token
-    best = dict.fromkeys(self.lengths, float("inf"))
-    for _ in range(self.repeats):
-      for n in self.lengths:
-        start = time.perf_counter()
-        decoders[n](prompts)
-        best[n] = min(best[n], time.perf_counter() - start)
     (n1, n2), f = self.lengths, {n: gens[n].forwards for n in self.lengths}
     widths = {n: self.widths(s, opts[n], gens[n], prompts) for n in self.lengths}
-    bare = {n: sum(count * self.bare_ms(s.key, batch, w, cache_slots(s.key, opts[n],
-                                                                     self.width, n))
-                   for w, count in widths[n].items() if count)
-            for n in self.lengths}
     extra = f[n2] - f[n1]
     assert extra > 0, (s.key, f)
-    per_forward = (best[n2] - best[n1]) * 1e3 / extra
-    bare_per_forward = (bare[n2] - bare[n1]) / extra
+    rounds = []
+    for _ in range(self.rounds):  # each round times the decoder, then its bare forwards
+      best = dict.fromkeys(self.lengths, float("inf"))
+      for _ in range(self.repeats):
+        for n in self.lengths:
+          start = time.perf_counter()
+          decoders[n](prompts)
+          best[n] = min(best[n], time.perf_counter() - start)
+      bare = {n: sum(count * self.bare_ms(s.key, batch, w, cache_slots(s.key, opts[n],
+                                                                       self.width, n))
+                     for w, count in widths[n].items() if count)
+              for n in self.lengths}
+      per_forward = (best[n2] - best[n1]) * 1e3 / extra
+      bare_per_forward = (bare[n2] - bare[n1]) / extra
+      ratio = per_forward / bare_per_forward
+      rounds.append({"decoder_ms_per_forward": per_forward,
+                     "bare_ms_per_forward": bare_per_forward, "overhead_ratio": ratio,
+                     "call_fixed_ms": best[n1] * 1e3 - ratio * bare[n1],
+                     "call_fixed_ms_flat": best[n1] * 1e3 - f[n1] * per_forward,
+                     "decoder_ms": [best[n1] * 1e3, best[n2] * 1e3],
+                     "bare_ms": [bare[n1], bare[n2]]})
+    ratios = [r["overhead_ratio"] for r in rounds]
+    median = sorted(rounds, key=lambda r: r["overhead_ratio"])[(len(rounds) - 1) // 2]
     width = sum(w * c for w, c in widths[n2].items()) / sum(widths[n2].values())
-    ratio = per_forward / bare_per_forward
     return {"method": s.method, "setting": s.setting, "batch": batch, "width": width,
-            "decoder_ms_per_forward": per_forward, "bare_ms_per_forward": bare_per_forward,
-            "overhead_ratio": ratio, "call_fixed_ms": best[n1] * 1e3 - ratio * bare[n1],
-            "call_fixed_ms_flat": best[n1] * 1e3 - f[n1] * per_forward,
+            **median, "overhead_ratio_range": [min(ratios), max(ratios)],
+            "overhead_ratio_rounds": ratios,
             "tokens_per_forward": n2 / f[n2],
             "forwards": [f[n1], f[n2]], "max_new_tokens": [n1, n2],
-            "decoder_ms": [best[n1] * 1e3, best[n2] * 1e3], "bare_ms": [bare[n1], bare[n2]],
             "widths": {str(n): {str(w): c for w, c in sorted(widths[n].items())}
                        for n in self.lengths}}
 
@@ -299,7 +317,11 @@ class Bench:
 
 
 def table_line(row: dict) -> str:
-  return "| " + " | ".join(format(row[k], f) for k, _, f in COLUMNS) + " |"
+  def cell(key: str, spec: str) -> str:
+    if key == "overhead_ratio_range":
+      return "{:.2f}-{:.2f}".format(*row[key])
+    return format(row[key], spec)
+  return "| " + " | ".join(cell(k, f) for k, _, f in COLUMNS) + " |"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -310,6 +332,9 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--settings", default=",".join(s.key for s in SETTINGS))
   parser.add_argument("--repeats", type=int, default=None,
                       help="decoder timings, the best kept (default 3)")
+  parser.add_argument("--rounds", type=int, default=None,
+                      help=f"rounds of decoder and bare timings; the median round is kept "
+                      f"(default {ROUNDS})")
   parser.add_argument("--bare-forwards", type=int, default=None,
                       help=f"forwards per timed bare loop (default {BARE_FORWARDS})")
   parser.add_argument("--quick", action="store_true",
@@ -325,6 +350,7 @@ def main(argv: list[str] | None = None) -> None:
   lengths = (tuple(int(n) for n in args.lengths.split(",")) if args.lengths else
              QUICK_LENGTHS if args.quick else LENGTHS)
   repeats = args.repeats or (1 if args.quick else 3)
+  rounds = args.rounds or (1 if args.quick else ROUNDS)
   bare_forwards = args.bare_forwards or (QUICK_BARE_FORWARDS if args.quick else BARE_FORWARDS)
   if len(lengths) != 2 or not 0 < lengths[0] < lengths[1]:
     parser.error(f"--lengths needs two lengths N1 < N2, got {args.lengths}")
@@ -341,12 +367,14 @@ def main(argv: list[str] | None = None) -> None:
     cfg = dataclasses.replace(cfg, hidden_size=64, intermediate_size=128, num_layers=2,
                               num_heads=2, num_kv_heads=1)
   info = announce(f"decoder loop overhead, {cfg.hidden_size} x {cfg.num_layers} layers, "
-                  f"max_new_tokens {lengths[0]} and {lengths[1]}, best of {repeats}")
-  bench = Bench(cfg, lengths, repeats, bare_forwards)
+                  f"max_new_tokens {lengths[0]} and {lengths[1]}, best of {repeats}, "
+                  f"median of {rounds} rounds")
+  bench = Bench(cfg, lengths, repeats, bare_forwards, rounds)
   sizes = {"hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers,
            "initializer_range": cfg.initializer_range, "prompts": PROMPTS,
            "prompt_len": PROMPT_LEN, "padded_width": bench.width, "lengths": list(lengths),
-           "repeats": repeats, "bare_forwards": bare_forwards, "bare_repeats": BARE_REPEATS}
+           "repeats": repeats, "rounds": rounds, "bare_forwards": bare_forwards,
+           "bare_repeats": BARE_REPEATS}
   print("| " + " | ".join(title for _, title, _ in COLUMNS) + " |")
   print("|" + "---|" * len(COLUMNS), flush=True)
   rows = []
