@@ -56,10 +56,13 @@ def test_ar_rows_equal_ar_generate_through_admits_releases_and_tiers(span_min):
   assert pool.tier == 1
 
 
-@pytest.mark.parametrize("span_min", [0, 8])
-def test_mars_rows_equal_mars_generate_with_per_row_tau(span_min):
+@pytest.mark.parametrize("span_min,window", [(0, "fit"), (8, "fit"), (8, "full")])
+def test_mars_rows_equal_mars_generate_with_per_row_tau(span_min, window):
+  # "fit" reads the narrowest window holding the pending runs (B = 3: widths 1, 2, 3) and
+  # forgets its scratch between passes; "full" always 2B. Both give mars.generate's tokens.
   model = tiny_model()
-  pool = SlotPool(model, "mars", slots=64, batch_sizes=(1, 4), block=3, span_min=span_min)
+  pool = SlotPool(model, "mars", slots=64, batch_sizes=(1, 4), block=3, span_min=span_min,
+                  window=window)
   taus = [0.5, 1.0, 0.3, 0.8, 0.5]
   got, seen = drive(pool, [0, 0, 0, 2, 3], taus, forwards=2)
   # spans 8, 16, 32, 64: the pool starts at 8 and grows for the prefill and the windows
@@ -290,3 +293,8 @@ def test_several_forwards_per_loop_test_give_the_same_tokens(method):
   assert got[1] == got[3] and [len(t) for t in got[3].values()] == [4, 5, 7, 9]
   with pytest.raises(CardjaxError, match="unroll=0"):
     SlotPool(model, method, slots=64, unroll=0, **kw)
+  if method == "mars":  # the default window: fit at unroll 1, full above (its docstring)
+    assert pool.mars_window == "full"
+    assert SlotPool(model, method, slots=64, **kw).mars_window == "fit"
+    with pytest.raises(CardjaxError, match="window='wide'"):
+      SlotPool(model, method, slots=64, window="wide", **kw)

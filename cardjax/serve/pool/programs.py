@@ -18,8 +18,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from cardjax.decoding.mars import judge_window, window_inputs
+from cardjax.decoding.mars import judge_window, pending_widths, window_inputs
 from cardjax.decoding.sampling import row_uniforms, sample
+from cardjax.errors import CardjaxError
 from cardjax.model.cache import EMPTY_SEGMENT, KVCache
 from cardjax.serve.pool.prefixes import prepend
 
@@ -143,14 +144,21 @@ def gather(cache: KVCache, rows: Rows, order, *, span: int):
 
 
 def step(graphdef, params, cache: KVCache, rows: Rows, stop_ids, pad_id, mask_id, *,
-         forwards: int, method: str, block: int, rule: str, limit: int, unroll: int = 1):
+         forwards: int, method: str, block: int, rule: str, limit: int, unroll: int = 1,
+         window: str = "full"):
   """Up to `forwards` forwards for every live row; a row stops when its next window would
   pass `limit` slots (the pool's, not the span's: the caller makes the span hold every slot
   this step writes; `forwards` a multiple of `unroll`, the forwards per test of the loop's
   condition). Returns (cache, rows, packed): `packed` [rows, forwards * max(B, 1) +
   5] int32 holds the new tokens and each row's count, forwards used, liveness, budget and
   write index after the step (`unpack`). One array that is not part of the donated state:
-  the host reads it while the next step, already dispatched, consumes the state."""
+  the host reads it while the next step, already dispatched, consumes the state.
+
+  MARS `window` (decoding/mars.py): "full" reads [B pending | B masks] every forward; "fit"
+  reads [w pending | B masks], w the narrowest compiled width holding every live row's
+  pending run, one inner while loop per width (unroll must be 1: a width holds for one
+  forward at a time), and marks the scratch past each row's index empty after each pass
+  over the widths, so a step always ends with none visible to the next one's windows."""
   model = nnx.merge(graphdef, params)
   b = rows.live.shape[0]
   width = max(block, 1)
@@ -175,20 +183,22 @@ def step(graphdef, params, cache: KVCache, rows: Rows, stop_ids, pad_id, mask_id
     cache = dataclasses.replace(cache, index=cache.index - 1 + k)  # a stopped row stays
     return commit(cache, rows, out, count, n, used, token[:, None], k)
 
-  def mars_body(carry):
-    cache, rows, out, count, n, used = carry
-    live = rows.live
-    # decoding/mars.py's full window: all B pending slots, one program whatever a row keeps.
-    ids, pos, seg, need = window_inputs(rows.pending, rows.n_pending, rows.committed, mask_id,
-                                        block, block)
-    start = cache.index
-    logits, cache = model.forward_cached(ids, cache, positions=pos, segment_ids=seg,
-                                         logits_at=need)
-    cache = dataclasses.replace(cache, index=start + jnp.where(live, rows.n_pending, 0))
-    u = row_uniforms(rows.seed, rows.committed, block)
-    guess, k = judge_window(logits, rows.tau[:, None], rule, rows.temperature[:, None],
-                            rows.top_p[:, None], u)
-    return commit(cache, rows, out, count, n, used, guess, jnp.where(live, k, 0))
+  def mars_body(w: int):
+    """One forward of the window [pending[:, :w] | B masks]."""
+    def body(carry):
+      cache, rows, out, count, n, used = carry
+      live = rows.live
+      ids, pos, seg, need = window_inputs(rows.pending, rows.n_pending, rows.committed,
+                                          mask_id, w, block)
+      start = cache.index
+      logits, cache = model.forward_cached(ids, cache, positions=pos, segment_ids=seg,
+                                           logits_at=need)
+      cache = dataclasses.replace(cache, index=start + jnp.where(live, rows.n_pending, 0))
+      u = row_uniforms(rows.seed, rows.committed, block)
+      guess, k = judge_window(logits, rows.tau[:, None], rule, rows.temperature[:, None],
+                              rows.top_p[:, None], u)
+      return commit(cache, rows, out, count, n, used, guess, jnp.where(live, k, 0))
+    return body
 
   def commit(cache, rows, out, count, n, used, guess, k):
     """Keep the first k guesses of each row, up to its first stop token and its budget;
@@ -209,7 +219,11 @@ def step(graphdef, params, cache: KVCache, rows: Rows, stop_ids, pad_id, mask_id
     used = used + (k > 0).astype(jnp.int32)
     return cache, rows, out, count + k, n + 1, used
 
-  one = ar_body if method == "ar" else mars_body
+  widths = pending_widths(block, window) if method == "mars" else (1,)
+  if len(widths) > 1 and unroll != 1:
+    raise CardjaxError(f"the fit window decodes one forward per test of the step's loop, "
+                       f"not unroll={unroll}: use window='full'")
+  one = ar_body if method == "ar" else mars_body(widths[-1])
 
   def body(carry):
     # `unroll` forwards per test of the loop's condition: on a GPU each test is a round
@@ -219,8 +233,23 @@ def step(graphdef, params, cache: KVCache, rows: Rows, stop_ids, pad_id, mask_id
       carry = one(carry)
     return carry
 
+  def fits(narrower: int, w: int):
+    """While w is the narrowest width holding every live row's pending run."""
+    def test(carry):
+      rows = carry[1]
+      need = jnp.max(jnp.where(rows.live, rows.n_pending, 1))
+      return cond(carry) & (need > narrower) & (need <= w)
+    return test
+
+  def sweep(carry):
+    # decoding/mars.py's passes over the widths, each width a while loop of its own.
+    for narrower, w in zip((0,) + widths[:-1], widths):
+      carry = jax.lax.while_loop(fits(narrower, w), mars_body(w), carry)
+    return (carry[0].forget_scratch(2 * block),) + carry[1:]
+
   cache, rows, out, count, _, used = jax.lax.while_loop(
-      cond, body, (cache, rows, out, count, jnp.int32(0), jnp.zeros((b,), jnp.int32)))
+      cond, body if len(widths) == 1 else sweep,
+      (cache, rows, out, count, jnp.int32(0), jnp.zeros((b,), jnp.int32)))
   tail = jnp.stack([count, used, rows.live.astype(jnp.int32), rows.budget, cache.index], 1)
   return cache, rows, jnp.concatenate([out, tail.astype(jnp.int32)], axis=1)
 

@@ -24,11 +24,14 @@ and sampled requests, seeded or not, decode in the same step; a row's draws are 
 seed and position (sampling.row_uniforms), not by the step, so a seeded request gives the
 same tokens alone or beside others.
 
-AR feeds one token per row per forward. MARS reads the full window [B pending | B masks]
-per row (decoding/mars.py's "full" window: every forward writes 2B slots from the row's index, so
-the next window, which starts after the kept pending tokens, covers all of this one's
-scratch) and accepts per row by its own tau. A row stops by itself at a stop token, at its
-token budget, or when its next window would not fit the slots ("full": the caller finishes
+AR feeds one token per row per forward. MARS reads a window [w pending | B masks] per row
+and accepts per row by its own tau (decoding/mars.py). `window` "fit" (the default where a
+step tests its loop's condition after every forward, a CPU) reads the narrowest compiled w
+that holds every live row's pending run, as the one-shot decoder does: a forward costs
+about its tokens there. "full" (the default with unroll > 1, an accelerator, where a
+small-batch forward costs its weights whatever its width and a change of width would need
+a test of the loop's condition) always reads w = B. A row stops by itself at a stop token,
+at its token budget, or when its next window would not fit the slots (the caller finishes
 it for length).
 
 Batch tiers: a forward costs about its rows on a CPU, so the pool keeps the smallest of
@@ -64,7 +67,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cardjax.decoding.frozen import freeze
-from cardjax.decoding.mars import check_args
+from cardjax.decoding.mars import check_args, pending_widths
 from cardjax.decoding.prompts import BUCKET, left_pad
 from cardjax.errors import CardjaxError
 from cardjax.model.cache import KVCache
@@ -121,7 +124,8 @@ def jitted(graphdef):
   prefix, width, staging shape): program}), one set per model structure."""
   prefill = jax.jit(functools.partial(programs.prefill, graphdef), donate_argnums=(1,))
   step = jax.jit(functools.partial(programs.step, graphdef), donate_argnums=(1, 2),
-                 static_argnames=("forwards", "method", "block", "rule", "limit", "unroll"))
+                 static_argnames=("forwards", "method", "block", "rule", "limit", "unroll",
+                                  "window"))
   return prefill, step, {}
 
 
@@ -132,7 +136,7 @@ class SlotPool:
                block: int = 4, rule: str = "prob", stop_ids=(), pad_id: int = 0,
                bucket: int = BUCKET, span_min: int = 64, prefill_rows: int = PREFILL_ROWS,
                prefix_page: int = PAGE, prefixes: PrefixStore | None = None,
-               background=None, unroll: int = 1):
+               background=None, unroll: int = 1, window: str | None = None):
     if method not in METHODS:
       raise CardjaxError(f"SlotPool decodes {METHODS}, not {method!r}")
     self.model = freeze(model)
@@ -143,6 +147,13 @@ class SlotPool:
     if unroll < 1:
       raise CardjaxError(f"unroll={unroll} must be >= 1 (forwards per test of a step's loop)")
     self.unroll = unroll
+    # MARS's window (module docstring): "fit" unless a step runs several forwards per test.
+    self.mars_window = window or ("fit" if unroll == 1 else "full")
+    pending_widths(block, self.mars_window)  # a bad name: CardjaxError
+    if self.mars_window == "fit" and unroll > 1:
+      raise CardjaxError(f"window='fit' changes width from forward to forward, so it tests "
+                         f"the step's loop after each one: use unroll=1, not {unroll}, or "
+                         "window='full'")
     self.block = block if method == "mars" else 0
     self.window = 1 if method == "ar" else 2 * block
     self.stride = 1 if method == "ar" else block  # the most a row's index moves a forward
@@ -293,7 +304,7 @@ class SlotPool:
         self.model.state, cache, rows, self.stop_ids, np.int32(self.pad_id),
         np.int32(self.model.cfg.mask_token_id), forwards=self.whole(forwards),
         method=self.method, block=self.block, rule=self.rule, limit=self.slots,
-        unroll=self.unroll)
+        unroll=self.unroll, window=self.mars_window if self.method == "mars" else "full")
 
   def _fit(self, need: int) -> None:
     """The smallest tier holding `need` rows, the live rows moved to its first rows."""
