@@ -24,6 +24,9 @@ class Attention(nnx.Module):
     self.dtype = jnp.dtype(cfg.dtype)
     self.impl = cfg.attention_impl
     self.inv_freq = tuple(float(f) for f in inverse_frequencies(cfg))
+    # Rotary tables cover twice the context: a decoder's windows and padding may reach a
+    # little past it, and nothing costs more than the coarse table's extra rows.
+    self.rope_limit = 2 * cfg.max_position_embeddings
     self.q = param(rngs, (d, h, hd), ("embed", "heads", "head_dim"), pd, scale=s)
     self.k = param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), pd, scale=s)
     self.v = param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), pd, scale=s)
@@ -65,9 +68,9 @@ class Attention(nnx.Module):
       q = rms_norm(q, self.q_norm[...], self.eps)
       k = rms_norm(k, self.k_norm[...], self.eps)
     positions = meta[0]
-    q = constrain(apply_rope(q, positions, self.inv_freq),
+    q = constrain(apply_rope(q, positions, self.inv_freq, self.rope_limit),
                   ("act_batch", "act_seq", "act_heads", None))
-    k = constrain(apply_rope(k, positions, self.inv_freq),
+    k = constrain(apply_rope(k, positions, self.inv_freq, self.rope_limit),
                   ("act_batch", "act_seq", "act_kv_heads", None))
     v = constrain(v, ("act_batch", "act_seq", "act_kv_heads", None))
     return q, k, v

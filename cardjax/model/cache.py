@@ -85,9 +85,16 @@ def write_slots(buf, new, index, layer=None):
 
   buf: [batch, slots] metadata with new [batch, t]; or, with `layer`, a whole cache array
   [layers, batch, kv_heads, slots, head_dim] with new [batch, kv_heads, t, head_dim] for
-  that layer. A shared index is a dynamic_update_slice, a per-row one a scatter; both
-  update the loop-carried buffer in place."""
+  that layer. A shared index (or a per-row one of a single row) is a dynamic_update_slice,
+  a per-row one a scatter; both update the loop-carried buffer in place. Every caller
+  sizes the cache so that its writes stay inside it (a slice would be moved back inside,
+  a scatter's stray rows dropped)."""
   t = new.shape[-2] if layer is not None else new.shape[-1]
+  if jnp.ndim(index) == 1 and index.shape[0] == 1:
+    # One row: its index is the shared one. A slice write fuses with the update that
+    # feeds it; a scatter takes an index array and an update of its own, three more
+    # kernels a layer, which at batch 1 cost as much as the layer's own small matmuls.
+    index = index[0]
   if jnp.ndim(index) == 0:
     if layer is None:
       return jax.lax.dynamic_update_slice(buf, new, (0, index))
