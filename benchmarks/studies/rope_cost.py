@@ -7,7 +7,7 @@ Each shape BxW is a jitted loop of 48 cached forwards of W new tokens on B rows 
 decode benchmark's model (benchmarks/decode_forward.py's CONFIG, 128 x 4 layers) against a
 136-slot cache, its write index and positions alternating between two values the loop
 computes (as a decoder's are: not constants XLA can fold). Two builds of the same model
-run in turn, the fastest of --rounds timings each: `tables`, rope.apply_rope as the model
+run in turn, the fastest of --rounds timings each: `tables`, rope.rope_factors as the model
 has it (cos and sin from two small tables read by one-hot matmuls), and `angles`, the
 rotary factors computed as cos and sin of positions x frequencies, as the model did before
 2026-12-07; XLA:CPU fuses the latter into every consumer that rotates q or k and evaluates
@@ -24,14 +24,12 @@ from benchmarks.common import announce, arg_parser
 FORWARDS, SLOTS, CONTEXT = 48, 136, 32
 
 
-def from_angles(x, positions, inv_freq, limit=None):
-  """The rotary embedding computed from its angles (the former apply_rope)."""
+def from_angles(positions, inv_freq, limit=None):
+  """The rotary factors computed from their angles (the former way)."""
   import jax.numpy as jnp
 
   angles = positions[..., None].astype(jnp.float32) * jnp.asarray(inv_freq, jnp.float32)
-  cos, sin = jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
-  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+  return jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
 
 
 def loop(graphdef, state, batch: int, width: int):
@@ -79,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
   info = announce("rotary embedding in a cached forward, run-time positions")
   graphdef, state = nnx.split(create_model(dataclasses.replace(CONFIG, initializer_range=1.0),
                                            seed=0))
-  tables = attention.apply_rope
+  tables = attention.rope_factors
   rows = []
   print("| rows x new tokens | tables ms / forward | angles ms / forward | tables / angles |")
   print("|---|---|---|---|")
@@ -87,10 +85,10 @@ def main(argv: list[str] | None = None) -> None:
     batch, width = (int(v) for v in shape.split("x"))
     runs = {}
     for name, rope in (("tables", tables), ("angles", from_angles)):
-      attention.apply_rope = rope  # read when the loop is traced, just below
+      attention.rope_factors = rope  # read when the loop is traced, just below
       runs[name] = loop(graphdef, state, batch, width)
       jax.block_until_ready(runs[name]())
-    attention.apply_rope = tables
+    attention.rope_factors = tables
     best = dict.fromkeys(runs, float("inf"))
     for _ in range(args.rounds):
       for name, run in runs.items():

@@ -13,7 +13,7 @@ from cardjax.model import lora as lora_lib
 from cardjax.model.cache import write_slots
 from cardjax.model.config import ModelConfig
 from cardjax.model.layers import param, rms_norm
-from cardjax.model.rope import apply_rope, inverse_frequencies
+from cardjax.model.rope import inverse_frequencies, rope_factors, rotate
 from cardjax.parallel.sharding import constrain
 
 
@@ -67,11 +67,9 @@ class Attention(nnx.Module):
     if self.qk_norm:  # per head, over head_dim, before rope (as Qwen3 does)
       q = rms_norm(q, self.q_norm[...], self.eps)
       k = rms_norm(k, self.k_norm[...], self.eps)
-    positions = meta[0]
-    q = constrain(apply_rope(q, positions, self.inv_freq, self.rope_limit),
-                  ("act_batch", "act_seq", "act_heads", None))
-    k = constrain(apply_rope(k, positions, self.inv_freq, self.rope_limit),
-                  ("act_batch", "act_seq", "act_kv_heads", None))
+    factors = rope_factors(meta[0], self.inv_freq, self.rope_limit)  # one read for q and k
+    q = constrain(rotate(q, factors), ("act_batch", "act_seq", "act_heads", None))
+    k = constrain(rotate(k, factors), ("act_batch", "act_seq", "act_kv_heads", None))
     v = constrain(v, ("act_batch", "act_seq", "act_kv_heads", None))
     return q, k, v
 

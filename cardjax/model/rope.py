@@ -57,9 +57,9 @@ def _rows(table: np.ndarray, index):
                     precision=jax.lax.Precision.HIGHEST)
 
 
-def apply_rope(x, positions, inv_freq, limit: int):
-  """Rotate x [batch, len, heads, head_dim] by positions [batch, len] (half-split layout);
-  positions lie in [0, limit) (past it the tables give 0: x rotated to zero).
+def rope_factors(positions, inv_freq, limit: int):
+  """(cos, sin) [batch, len, 1, d/2] of positions [batch, len] in [0, limit) (past it the
+  tables give 0: x rotated to zero).
 
   cos(p f) and sin(p f) come from two small tables by angle addition, p = i * FINE + j,
   read by one-hot matmuls. Computed from the angles, XLA:CPU fused them into each consumer
@@ -72,8 +72,13 @@ def apply_rope(x, positions, inv_freq, limit: int):
   p = positions.astype(jnp.int32)
   fc, fs = _rows(fine, p % FINE)
   cc, cs = _rows(coarse, p // FINE)
-  cos = (cc * fc - cs * fs)[:, :, None, :]
-  sin = (cs * fc + cc * fs)[:, :, None, :]
+  return (cc * fc - cs * fs)[:, :, None, :], (cs * fc + cc * fs)[:, :, None, :]
+
+
+def rotate(x, factors):
+  """Rotate x [batch, len, heads, head_dim] by rope_factors (half-split layout)."""
+  cos, sin = factors
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x.dtype)
+
