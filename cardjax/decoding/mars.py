@@ -163,6 +163,30 @@ def pending_widths(block: int, window: str) -> tuple[int, ...]:
   return tuple(sorted(set(widths + [block])))
 
 
+def width_sweep(widths: tuple[int, ...], running, need, step, block: int):
+  """The "fit" window's outer loop body, for a carry whose first item is the KV cache: one
+  while loop per width in turn, each running while running(carry) and w is the narrowest
+  width holding need(carry), the longest live pending run, with step(w) as its body; then
+  the scratch past each row's index is forgotten.
+
+  Loops, not a lax.switch: a conditional copied the whole KV cache every forward (its
+  branches cannot update the loop-carried buffers in place), a while loop does not. Stale
+  scratch must not stay visible (module docstring). A window starts at or after the last
+  one's start and is as wide or wider within a pass, so it overwrites all of that window's
+  scratch; only the next pass's narrower windows would leave some of it."""
+  def fits(narrower: int, w: int):
+    def cond(carry):
+      n = need(carry)
+      return running(carry) & (n > narrower) & (n <= w)
+    return cond
+
+  def sweep(carry):
+    for narrower, w in zip((0,) + widths[:-1], widths):
+      carry = jax.lax.while_loop(fits(narrower, w), step(w), carry)
+    return (carry[0].forget_scratch(2 * block),) + carry[1:]
+  return sweep
+
+
 @decode_loop("block", "max_new_tokens", "rule", "window")
 def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, pad_id,
               mask_id, tau, temperature, top_p, rng, block: int, max_new_tokens: int,
@@ -217,31 +241,15 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
               done, count + k, forwards, rng)
     return body
 
-  def fits(narrower: int, w: int):
-    """While w is the narrowest width holding every live row's pending run."""
-    def cond(carry):
-      need = jnp.max(jnp.where(carry[5], 1, carry[2]))
-      return live(carry) & (need > narrower) & (need <= w)
-    return cond
-
-  def sweep(carry):
-    # One while loop per width, in turn: each runs while its width fits and hands over
-    # when the pending runs change size; the outer loop comes back for the next width.
-    # Loops, not a lax.switch: a conditional copied the whole KV cache every forward (its
-    # branches cannot update the loop-carried buffers in place), a while loop does not.
-    for narrower, w in zip((0,) + widths[:-1], widths):
-      carry = jax.lax.while_loop(fits(narrower, w), step(w), carry)
-    # Stale scratch must not stay visible (module docstring). A window starts at or after
-    # the last one's start and is as wide or wider within a pass, so it overwrites all of
-    # that window's scratch; only the next pass's narrower windows would leave some of it.
-    return (carry[0].forget_scratch(2 * block),) + carry[1:]
+  def need(carry):  # the longest pending run of a live row
+    return jnp.max(jnp.where(carry[5], 1, carry[2]))
 
   carry = (cache, pending, n_pending, committed, out, done, count, jnp.zeros((b,), jnp.int32),
            rng)
   if len(widths) == 1:
     carry = jax.lax.while_loop(live, step(widths[0]), carry)
   else:
-    carry = jax.lax.while_loop(live, sweep, carry)
+    carry = jax.lax.while_loop(live, width_sweep(widths, live, need, step, block), carry)
   return carry[4][:, :max_new_tokens], carry[6], carry[7]
 
 

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from cardjax.decoding.mars import judge_window, pending_widths, window_inputs
+from cardjax.decoding.mars import judge_window, pending_widths, width_sweep, window_inputs
 from cardjax.decoding.sampling import row_uniforms, sample
 from cardjax.errors import CardjaxError
 from cardjax.model.cache import EMPTY_SEGMENT, KVCache
@@ -233,22 +233,11 @@ def step(graphdef, params, cache: KVCache, rows: Rows, stop_ids, pad_id, mask_id
       carry = one(carry)
     return carry
 
-  def fits(narrower: int, w: int):
-    """While w is the narrowest width holding every live row's pending run."""
-    def test(carry):
-      rows = carry[1]
-      need = jnp.max(jnp.where(rows.live, rows.n_pending, 1))
-      return cond(carry) & (need > narrower) & (need <= w)
-    return test
-
-  def sweep(carry):
-    # decoding/mars.py's passes over the widths, each width a while loop of its own.
-    for narrower, w in zip((0,) + widths[:-1], widths):
-      carry = jax.lax.while_loop(fits(narrower, w), mars_body(w), carry)
-    return (carry[0].forget_scratch(2 * block),) + carry[1:]
+  def need(carry):  # the longest pending run of a live row
+    return jnp.max(jnp.where(carry[1].live, carry[1].n_pending, 1))
 
   cache, rows, out, count, _, used = jax.lax.while_loop(
-      cond, body if len(widths) == 1 else sweep,
+      cond, body if len(widths) == 1 else width_sweep(widths, cond, need, mars_body, block),
       (cache, rows, out, count, jnp.int32(0), jnp.zeros((b,), jnp.int32)))
   tail = jnp.stack([count, used, rows.live.astype(jnp.int32), rows.budget, cache.index], 1)
   return cache, rows, jnp.concatenate([out, tail.astype(jnp.int32)], axis=1)
