@@ -27,22 +27,15 @@ from cardjax.serve.text import TextStream
 PATHS = {"/v1/completions": False, "/v1/chat/completions": True}  # path -> chat
 
 
-def _json_bytes(body) -> bytes:
-  # Starlette's JSONResponse rendering: the same bytes the FastAPI routes sent.
-  return json.dumps(body, ensure_ascii=False, allow_nan=False, indent=None,
-                    separators=(",", ":")).encode("utf-8")
-
-
-async def _send_whole(send, status: int, body: bytes, content_type: bytes,
-                      extra: dict | None = None) -> None:
-  headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
-  headers += [(k.lower().encode(), str(v).encode()) for k, v in (extra or {}).items()]
-  await send({"type": "http.response.start", "status": status, "headers": headers})
-  await send({"type": "http.response.body", "body": body})
-
-
 async def send_json(send, status: int, body, headers: dict | None = None) -> None:
-  await _send_whole(send, status, _json_bytes(body), b"application/json", headers)
+  """A whole JSON response, rendered as Starlette's JSONResponse renders it (the bytes the
+  FastAPI routes sent)."""
+  data = json.dumps(body, ensure_ascii=False, allow_nan=False, indent=None,
+                    separators=(",", ":")).encode("utf-8")
+  fields = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+  fields += [(k.lower().encode(), str(v).encode()) for k, v in (headers or {}).items()]
+  await send({"type": "http.response.start", "status": status, "headers": fields})
+  await send({"type": "http.response.body", "body": data})
 
 
 async def _wait_disconnect(receive) -> None:
@@ -57,7 +50,6 @@ class CompletionsApp:
   def __init__(self, app, engine, scheduler, handoff, limits, metrics):
     self.app, self.engine, self.scheduler = app, engine, scheduler
     self.handoff, self.limits, self.metrics = handoff, limits, metrics
-    self.state = app.state
 
   async def __call__(self, scope, receive, send):
     chat = PATHS.get(scope.get("path")) if scope["type"] == "http" else None
