@@ -6,7 +6,7 @@ import math
 from benchmarks import decode_overhead
 
 KEYS = {"method", "setting", "batch", "width", "decoder_ms_per_forward", "bare_ms_per_forward",
-        "overhead_ratio", "call_fixed_ms"}
+        "overhead_ratio", "call_fixed_ms", "bare_still_ms_per_forward", "overhead_ratio_still"}
 
 
 def test_quick_run_writes_a_row_per_setting(tmp_path, capsys):
@@ -32,3 +32,24 @@ def test_quick_run_writes_a_row_per_setting(tmp_path, capsys):
   assert set(counted) <= {"5", "6", "8"} and sum(counted.values()) == mars["forwards"][1]
   table = capsys.readouterr().out
   assert "| ar | kv cache | 1 |" in table and "| mars | window fit" in table
+
+
+def test_a_moving_bare_loop_reads_other_positions_and_says_when_the_cache_is_short():
+  import dataclasses
+
+  import pytest
+  from flax import nnx
+
+  from benchmarks.decode_forward import CONFIG
+  from cardjax.eval.forward_cost import MOVES, forward_loop
+  from cardjax.model import create_model
+
+  cfg = dataclasses.replace(CONFIG, hidden_size=32, intermediate_size=64, num_layers=1,
+                            num_heads=2, num_kv_heads=1)
+  graphdef, state = nnx.split(create_model(cfg, seed=0))
+  # 4 forwards start at 8, 9, 10, 11: other rotary angles, so other logits than 4 at 8.
+  still = float(forward_loop(graphdef, state, 1, 2, 16, 8, MOVES)())
+  moving = float(forward_loop(graphdef, state, 1, 2, 16, 8, MOVES, moving=True)())
+  assert math.isfinite(moving) and moving != still
+  with pytest.raises(ValueError, match="12 cache slots cannot hold 8 cached"):
+    forward_loop(graphdef, state, 1, 2, 12, 8, MOVES, moving=True)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
+MOVES = 4  # a moving loop's forwards start at context, context + 1, ... context + MOVES - 1
+
 
 def forward_ms(graphdef, state, batch: int, tokens: int, slots: int, context: int,
                forwards: int, repeats: int) -> float:
@@ -25,14 +27,24 @@ def forward_ms(graphdef, state, batch: int, tokens: int, slots: int, context: in
 
 
 def forward_loop(graphdef, state, batch: int, tokens: int, slots: int, context: int,
-                 forwards: int):
+                 forwards: int, moving: bool = False):
   """A call that runs the jitted loop of `forwards` cached forwards forward_ms times (one
-  program: timing it again, as a benchmark's later rounds do, compiles nothing)."""
+  program: timing it again, as a benchmark's later rounds do, compiles nothing).
+
+  moving: the cache index and positions change from forward to forward (context + i mod
+  MOVES), as a decoder's do, so that XLA cannot fold the rotary factors, the cache write
+  offset or the validity mask into constants; off, every forward reads and writes the same
+  slots at the same positions."""
   import jax
   import jax.numpy as jnp
   from flax import nnx
 
   from cardjax.model.cache import KVCache
+
+  reach = context + tokens + (MOVES - 1 if moving else 0)
+  if reach > slots:
+    raise ValueError(f"{slots} cache slots cannot hold {context} cached + {tokens} new tokens"
+                     + (f" moved by up to {MOVES - 1}" if moving else ""))
 
   @jax.jit
   def loop(state):
@@ -43,9 +55,11 @@ def forward_loop(graphdef, state, batch: int, tokens: int, slots: int, context: 
 
     def body(i, carry):
       cache, acc = carry
-      cache = dataclasses.replace(cache, index=jnp.int32(context))  # the same slots each time
+      shift = (i % MOVES).astype(jnp.int32) if moving else jnp.int32(0)
+      cache = dataclasses.replace(cache, index=context + shift)
       tok = jnp.full((batch, tokens), 7, jnp.int32) + i % 3
-      logits, cache = model.forward_cached(tok, cache, positions=pos, segment_ids=seg)
+      logits, cache = model.forward_cached(tok, cache, positions=pos + shift,
+                                           segment_ids=seg)
       return cache, acc + logits[:, -1, 0].astype(jnp.float32).sum()
 
     return jax.lax.fori_loop(0, forwards, body, (cache, jnp.float32(0)))[1]
