@@ -98,13 +98,17 @@ class CompletionsApp:
       scheduler.submit(job)
     rid = protocol.new_id(chat)
     gone = asyncio.ensure_future(_wait_disconnect(receive))
+    dones: dict[int, dict] = {}  # choice -> its last event ("done" or "error")
     try:
       if stream:
-        await self._stream(send, rid, parsed, jobs, events, gone)
+        await self._stream(send, rid, parsed, jobs, events, gone, dones)
       else:
-        await self._whole(send, rid, parsed, jobs, events, gone)
-    finally:
+        await self._whole(send, rid, parsed, jobs, events, gone, dones)
+    finally:  # the client left or a choice failed: free the rows of the unfinished ones
       gone.cancel()
+      for i, job in enumerate(jobs):
+        if i not in dones:
+          scheduler.cancel(job)
 
   async def _events(self, events: asyncio.Queue, gone: asyncio.Future):
     """The jobs' events as they come, ending as soon as the client has gone."""
@@ -122,24 +126,19 @@ class CompletionsApp:
         event = events.get_nowait()
       yield event
 
-  async def _whole(self, send, rid: str, parsed, jobs: list, events, gone) -> None:
-    dones: dict[int, dict] = {}
-    try:
-      async with contextlib.aclosing(self._events(events, gone)) as stream:
-        async for i, event in stream:
-          if event["type"] == "error":
-            return await send_json(send, 500, APIError(500, event["message"],
-                                                       kind="server_error").body())
-          if event["type"] == "done":
-            dones[i] = event
-          if len(dones) == len(jobs):
-            break
-        else:
-          return  # the client left: nobody reads an answer
-    finally:  # the client left or a choice failed: free the other rows
-      for i, job in enumerate(jobs):
-        if i not in dones:
-          self.scheduler.cancel(job)
+  async def _whole(self, send, rid: str, parsed, jobs: list, events, gone,
+                   dones: dict) -> None:
+    async with contextlib.aclosing(self._events(events, gone)) as stream:
+      async for i, event in stream:
+        if event["type"] == "error":
+          return await send_json(send, 500, APIError(500, event["message"],
+                                                     kind="server_error").body())
+        if event["type"] == "done":
+          dones[i] = event
+        if len(dones) == len(jobs):
+          break
+      else:
+        return  # the client left: nobody reads an answer
     done = [dones[i] for i in range(len(jobs))]
     if parsed.logprobs is not None or parsed.echo:  # the decode thread is done with jobs
       return await self._scored(send, rid, parsed, [job.tokens for job in jobs], done)
@@ -157,11 +156,11 @@ class CompletionsApp:
                                                  kind="server_error").body())
     await send_json(send, 200, protocol.response(rid, self.engine.name, parsed.chat, dones))
 
-  async def _stream(self, send, rid: str, parsed, jobs: list, events, gone) -> None:
+  async def _stream(self, send, rid: str, parsed, jobs: list, events, gone,
+                    dones: dict) -> None:
     """Server-sent events: a delta per chunk of new text, each choice's end with its
-    usage, optionally a usage-only event, then [DONE]. A client that leaves has its
-    unfinished rows freed."""
-    chat, name, dones = parsed.chat, self.engine.name, {}
+    usage, optionally a usage-only event, then [DONE]."""
+    chat, name = parsed.chat, self.engine.name
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
                             (b"cache-control", b"no-cache")]})
@@ -169,30 +168,25 @@ class CompletionsApp:
     async def sse(body: dict) -> None:
       await send({"type": "http.response.body", "more_body": True,
                   "body": f"data: {json.dumps(body)}\n\n".encode("utf-8")})
-    try:
-      if chat:
-        for i in range(len(jobs)):
-          await sse(protocol.chunk(rid, name, chat, i, role=True))
-      async with contextlib.aclosing(self._events(events, gone)) as stream:
-        async for i, event in stream:
-          if event["type"] == "delta":
-            await sse(protocol.chunk(rid, name, chat, i, text=event["text"]))
-          elif event["type"] == "done":
-            dones[i] = event
-            await sse(protocol.chunk(rid, name, chat, i, finish=event["finish_reason"],
-                                     done=event))
-          else:
-            dones[i] = event
-            await sse(APIError(500, event["message"], kind="server_error").body())
-          if len(dones) == len(jobs):
-            break
+    if chat:
+      for i in range(len(jobs)):
+        await sse(protocol.chunk(rid, name, chat, i, role=True))
+    async with contextlib.aclosing(self._events(events, gone)) as stream:
+      async for i, event in stream:
+        if event["type"] == "delta":
+          await sse(protocol.chunk(rid, name, chat, i, text=event["text"]))
+        elif event["type"] == "done":
+          dones[i] = event
+          await sse(protocol.chunk(rid, name, chat, i, finish=event["finish_reason"],
+                                   done=event))
         else:
-          return  # the client left
-      if parsed.include_usage:
-        await sse(protocol.usage_chunk(rid, name, chat,
-                                       [d for d in dones.values() if d["type"] == "done"]))
-      await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
-    finally:
-      for i, job in enumerate(jobs):
-        if i not in dones:
-          self.scheduler.cancel(job)
+          dones[i] = event
+          await sse(APIError(500, event["message"], kind="server_error").body())
+        if len(dones) == len(jobs):
+          break
+      else:
+        return  # the client left
+    if parsed.include_usage:
+      await sse(protocol.usage_chunk(rid, name, chat,
+                                     [d for d in dones.values() if d["type"] == "done"]))
+    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
