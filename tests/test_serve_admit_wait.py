@@ -17,6 +17,7 @@ from cardjax.serve.tau import TauControl
 class _Engine:
   """What the scheduler reads of an engine before it decodes anything."""
   batch_sizes = (1, 4)
+  chunk = 8
 
   def continuous(self, settings):
     return settings.method in ("ar", "mars")

@@ -298,3 +298,33 @@ def test_several_forwards_per_loop_test_give_the_same_tokens(method):
     assert SlotPool(model, method, slots=64, **kw).mars_window == "fit"
     with pytest.raises(CardjaxError, match="window='wide'"):
       SlotPool(model, method, slots=64, window="wide", **kw)
+
+
+@pytest.mark.parametrize("method", ["ar", "mars"])
+def test_a_step_stopped_short_at_run_time_decodes_as_a_short_program(method):
+  """launch(n, within=m): the program compiled for m forwards, stopped after n. Steps of 2
+  in the 6-forward program give the tokens of steps compiled for 2, and no program for 2
+  is compiled."""
+  model = tiny_model()
+  kw = dict(block=3) if method == "mars" else {}
+  got = {}
+  for within in (None, 6):  # span_min 0: one span, so no step compiles for a new one
+    pool = SlotPool(model, method, slots=64, batch_sizes=(4,), span_min=0, **kw)
+    pool.admit_many((i, PROMPTS[i], 0.6, n) for i, n in enumerate((4, 5, 7, 9)))
+    tokens = {i: [] for i in range(4)}
+    if within:  # the long program first: every later step reuses it
+      for key, new in pool.collect(pool.launch(within))[0].items():
+        tokens[key] += new
+    with compiles() as seen:
+      while pool.busy():
+        for key, new in pool.collect(pool.launch(2, within=within))[0].items():
+          tokens[key] += new
+    got[within] = tokens, seen["n"]
+  assert got[6][1] == 0  # the short steps ran the program compiled for 6
+  full = {i: [] for i in range(4)}
+  pool = SlotPool(model, method, slots=64, batch_sizes=(4,), span_min=0, **kw)
+  pool.admit_many((i, PROMPTS[i], 0.6, n) for i, n in enumerate((4, 5, 7, 9)))
+  while pool.busy():
+    for key, new in pool.step(6)[0].items():
+      full[key] += new
+  assert got[None][0] == got[6][0] == full

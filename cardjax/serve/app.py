@@ -28,11 +28,12 @@ from cardjax.serve.handoff import Handoff
 
 def create_app(engine: Engine, tau: TauControl | None = None,
                admit_wait: float = ADMIT_WAIT, limits: Limits | None = None,
-               overlap: bool = True) -> CompletionsApp:
+               overlap: bool = True, refill_step: int = 0) -> CompletionsApp:
   limits = limits or Limits()
   metrics = Metrics()
   metrics.watch_compilations(COMPILE_THREAD)
-  scheduler = Scheduler(engine, metrics, tau or TauControl(engine.tau), admit_wait, overlap)
+  scheduler = Scheduler(engine, metrics, tau or TauControl(engine.tau), admit_wait, overlap,
+                        refill_step)
   handoff = Handoff()
   scheduler.handoffs.append(handoff.flush)
 

@@ -91,6 +91,11 @@ def add_arguments(p) -> None:
                       "to this fraction of the step's time for new requests to fill them "
                       "before the next step (a client that got its answer often sends the "
                       "next at once); 0: never wait")
+  p.add_argument("--refill-step", type=int, default=0,
+                 help="AR and MARS: forwards of the steps run while rows that ended stand "
+                      "empty and their clients' next requests may be on the way, so that "
+                      "those join sooner (a step is the unit of admission), e.g. a quarter "
+                      "of --chunk; 0 (the default): every step runs --chunk")
   p.add_argument("--no-overlap", dest="overlap", action="store_false",
                  help="AR and MARS: read each decode step's tokens before launching the next "
                       "(by default the next step is launched first, so the device computes "
@@ -191,7 +196,7 @@ def run(args) -> None:
   from cardjax.parallel import make_mesh
   from cardjax.serve.app import create_app
   from cardjax.serve.engine import Engine
-  from cardjax.serve.scheduler import check_admit_wait
+  from cardjax.serve.scheduler import check_admit_wait, check_refill_step
   from cardjax.serve.tau import TauControl
 
   if not is_loopback(args.host):
@@ -203,6 +208,7 @@ def run(args) -> None:
                          "$CARDJAX_API_KEY): without one anyone who reaches the port could "
                          "use the server")
   check_admit_wait(args.admit_wait)  # before the model loads
+  check_refill_step(args.refill_step, args.chunk)
   if args.warmup_width < -1:
     raise CardjaxError(f"--warmup-width={args.warmup_width} must be -1 (every width), 0 (no "
                        "warm-up) or a prompt length")
@@ -228,7 +234,8 @@ def run(args) -> None:
                            log=lambda line: print(line, file=sys.stderr))
     print(f"cardjax serve: warm-up compiled {shapes} shapes in "
           f"{time.perf_counter() - start:.0f}s", file=sys.stderr)
-  app = create_app(engine, tau, args.admit_wait, bounds, overlap=args.overlap)
+  app = create_app(engine, tau, args.admit_wait, bounds, overlap=args.overlap,
+                   refill_step=args.refill_step)
   d = engine.default
   print(f"cardjax serve: model {engine.name!r} (objective {engine.objective or 'unknown'}), "
         f"method {d.method}" + (f" B={d.block}" if d.method != "ar" else "") +

@@ -42,6 +42,9 @@ class Metrics:
                          registry=r)
     self.tau = Gauge("cardjax_mars_tau", "The server's MARS tau (load-aware or fixed)",
                      registry=r)
+    self.steps = Counter("cardjax_decode_steps", "Slot-pool decode steps launched: chunk "
+                         "(--chunk forwards) or refill (--refill-step forwards, while freed "
+                         "rows wait for new requests)", ["kind"], registry=r)
     self.batch_rows = Histogram("cardjax_batch_rows", "Requests per decode call (before "
                                 "padding to a compiled batch size)",
                                 buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)

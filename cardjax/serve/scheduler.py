@@ -31,6 +31,15 @@ After a round that freed rows while others decode on, the thread waits a little
 come straight back, unless another group has work waiting. With a step in flight that wait
 costs the device nothing.
 
+Refill steps (off by default): a step is the unit of admission, so a request that arrives
+just after a launch waits the whole step for a row. With `refill_step` > 0, while rows
+freed by recent reads stand empty (their clients' next requests not yet admitted), the
+next steps run `refill_step` forwards instead of `chunk` (at most REFILL_TRIES of them in a
+row, in case those clients do not return), so the returning requests join after a
+fraction of the wait; once the rows are refilled, or the pool is full, steps run `chunk`
+again. One compiled program serves both lengths (SlotPool.launch's `within`). On a CPU
+they fill more rows but cost their per-step work (docs/serving.md has the measurement).
+
 Other methods decode in chunks: between decode chunks (engine.py: at most `chunk` new
 tokens per row per call) the thread takes the oldest requests of the group, up to the
 largest compiled batch size, and decodes one chunk for them. Requests with other settings
@@ -100,6 +109,17 @@ class Job:
 
 # The admission wait, a fraction of a step's time (module docstring).
 ADMIT_WAIT = 0.1
+# Refill steps in a row while vacated rows wait for their clients (module docstring).
+REFILL_TRIES = 2
+
+
+def check_refill_step(value: int, chunk: int) -> int:
+  """The refill step's forwards; 0 (the default) turns refill steps off."""
+  if not 0 <= value <= chunk:
+    raise CardjaxError(f"--refill-step={value} must lie in [0, --chunk={chunk}] (forwards of "
+                       "a step run while freed rows wait for new requests; 0: every step "
+                       "runs --chunk)")
+  return value
 
 
 def check_admit_wait(value: float) -> float:
@@ -111,10 +131,14 @@ def check_admit_wait(value: float) -> float:
 
 class Scheduler:
   def __init__(self, engine: Engine, metrics: Metrics, tau: TauControl,
-               admit_wait: float = ADMIT_WAIT, overlap: bool = True):
+               admit_wait: float = ADMIT_WAIT, overlap: bool = True,
+               refill_step: int = 0):
     self.engine, self.metrics, self.tau = engine, metrics, tau
     self.admit_wait = check_admit_wait(admit_wait)
     self.overlap = overlap
+    self.refill_step = check_refill_step(refill_step, engine.chunk)
+    self._vacant: dict[tuple, int] = {}  # pool key -> freed rows not yet refilled
+    self._tries: dict[tuple, int] = {}  # pool key -> refill steps left for them
     self.flights: dict[tuple, object] = {}  # pool key -> its launched, unread step
     self._last_read: dict[tuple, float | None] = {}  # pool key -> when its last step was read
     self.max_batch = max(engine.batch_sizes)
@@ -275,13 +299,26 @@ class Scheduler:
     self.metrics.thread_seconds.labels("prefill").inc(started - clock)
     # Only while a row may still decode: one whose budget the step in flight covers has
     # ended, though the host reads that only at its collect.
-    flight = pool.launch(self.engine.chunk) if pool.busy() else None
+    flight = (pool.launch(self._forwards(key, pool, len(admits)), within=self.engine.chunk)
+              if pool.busy() else None)
     if not self.overlap:
       previous, flight = flight, None
     if flight is not None:
       self.flights[key] = flight
     if previous is not None:  # else the first step after an idle spell: read next round
       self._read(jobs, pool, previous, flight, started)
+
+  def _forwards(self, key: tuple, pool, admitted: int) -> int:
+    """The next step's forwards: a refill step while rows freed by recent reads stand
+    empty (module docstring), else a whole chunk."""
+    vacant = max(0, self._vacant.get(key, 0) - admitted)
+    short = (self.refill_step and vacant and self._tries.get(key, 0) > 0
+             and pool.live_rows() < pool.capacity())
+    if short:
+      self._tries[key] -= 1
+    self._vacant[key] = vacant if short else 0
+    self.metrics.steps.labels("refill" if short else "chunk").inc()
+    return self.refill_step if short else self.engine.chunk
 
   def _read(self, jobs: list[Job], pool, previous, flight, started: float) -> None:
     """Read a launched step (`previous`), deliver its tokens, free the rows that ended and
@@ -317,6 +354,9 @@ class Scheduler:
         self.engine.release(s, job.id)
         freed += 1
     self.metrics.generated(made, sum(forwards.values()))
+    if freed:
+      self._vacant[key] = self._vacant.get(key, 0) + freed
+      self._tries[key] = REFILL_TRIES
     with self.cond:
       self.running = 0
       self._publish()

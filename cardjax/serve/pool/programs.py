@@ -143,13 +143,15 @@ def gather(cache: KVCache, rows: Rows, order, *, span: int):
   return cache, dataclasses.replace(rows, live=rows.live & ~empty)
 
 
-def step(graphdef, params, cache: KVCache, rows: Rows, stop_ids, pad_id, mask_id, *,
+def step(graphdef, params, cache: KVCache, rows: Rows, stop_ids, pad_id, mask_id, run, *,
          forwards: int, method: str, block: int, rule: str, limit: int, unroll: int = 1,
          window: str = "full"):
-  """Up to `forwards` forwards for every live row; a row stops when its next window would
-  pass `limit` slots (the pool's, not the span's: the caller makes the span hold every slot
-  this step writes; `forwards` a multiple of `unroll`, the forwards per test of the loop's
-  condition). Returns (cache, rows, packed): `packed` [rows, forwards * max(B, 1) +
+  """Up to `run` (a run-time int, at most the compiled `forwards`) forwards for every live
+  row, so one program serves steps of every length up to `forwards`; a row stops when its
+  next window would pass `limit` slots (the pool's, not the span's: the caller makes the
+  span hold every slot this step writes; `forwards` and `run` multiples of `unroll`, the
+  forwards per test of the loop's condition). Returns (cache, rows, packed): `packed`
+  [rows, forwards * max(B, 1) +
   5] int32 holds the new tokens and each row's count, forwards used, liveness, budget and
   write index after the step (`unpack`). One array that is not part of the donated state:
   the host reads it while the next step, already dispatched, consumes the state.
@@ -166,9 +168,11 @@ def step(graphdef, params, cache: KVCache, rows: Rows, stop_ids, pad_id, mask_id
   count = jnp.zeros((b,), jnp.int32)
   slot = jnp.arange(width)
 
+  run = jnp.minimum(run, forwards)
+
   def cond(carry):
     _, rows, _, _, n, _ = carry
-    return (n < forwards) & jnp.any(rows.live)
+    return (n < run) & jnp.any(rows.live)
 
   def ar_body(carry):
     cache, rows, out, count, n, used = carry

@@ -299,10 +299,12 @@ class SlotPool:
     """`forwards` rounded up to a multiple of `unroll`: what a step of them runs at most."""
     return -(-forwards // self.unroll) * self.unroll
 
-  def _call_step(self, cache, rows, forwards):
+  def _call_step(self, cache, rows, forwards, run=None):
+    """The step program compiled for `forwards` forwards, run for `run` (default all)."""
     return self._step(
         self.model.state, cache, rows, self.stop_ids, np.int32(self.pad_id),
-        np.int32(self.model.cfg.mask_token_id), forwards=self.whole(forwards),
+        np.int32(self.model.cfg.mask_token_id),
+        np.int32(self.whole(forwards if run is None else run)), forwards=self.whole(forwards),
         method=self.method, block=self.block, rule=self.rule, limit=self.slots,
         unroll=self.unroll, window=self.mars_window if self.method == "mars" else "full")
 
@@ -423,20 +425,24 @@ class SlotPool:
     reach = self.flown * self.stride
     return bool(np.any(self.live & (self.flown > 0) & (self.budget <= reach)))
 
-  def launch(self, forwards: int) -> "Flight":
+  def launch(self, forwards: int, within: int | None = None) -> "Flight":
     """Dispatch a step of up to `forwards` forwards for the live rows and return at once,
-    the results still on their way (`collect` reads them). Steps already in flight count
+    the results still on their way (`collect` reads them). `within`: the step program to
+    run, compiled for that many forwards (default `forwards`) and stopped after
+    `forwards`, so that shorter steps compile nothing new. Steps already in flight count
     toward the span: the host plans this one without their results. Before it, a tier the
     live rows no longer need is given up (lazily: a row freed and refilled between two
     steps costs no gather)."""
     live = self.live_rows()
     if next(b for b in self.batch_sizes if b >= max(live, 1)) < self.tier:
       self._fit(live)
-    forwards = self.whole(forwards)
+    compiled = self.whole(forwards if within is None else within)
+    forwards = min(self.whole(forwards), compiled)
     span = self.span_for(self.reach(forwards))
     if span != self.span:
       self._resize(self.tier, range(self.tier), span)
-    self.cache, self.rows, packed = self._call_step(self.cache, self.rows, forwards)
+    self.cache, self.rows, packed = self._call_step(self.cache, self.rows, compiled,
+                                                    forwards)
     packed.copy_to_host_async()  # starts now; collect waits for it
     self.flown[self.live] += forwards
     return Flight(packed, list(self.owner), self.live.copy(), forwards)
