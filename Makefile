@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # make test lists its 15 slowest tests, so a slow one shows in every log.
 TEST_WORKERS ?= 2
 
-.PHONY: demo test test-kernels lint test-slow bench-decode bench-check bench-pack bench-pack-day gpu-day-carry bench-wheels smollm2 bench-real install install-demo install-gpu-plan clean docs
+.PHONY: demo test test-integration test-kernels lint test-slow bench-decode bench-check bench-pack bench-pack-day gpu-day-carry bench-wheels smollm2 bench-real install install-demo install-gpu-plan clean docs
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -61,7 +61,13 @@ demo: $(DEMO_STAMP)
 	$(BIN)/cardjax demo --workdir runs/demo
 
 test: $(STAMP) $(GPU_PLAN_STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not docs and not kernel_interpret" -n $(TEST_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not slow and not docs and not kernel_interpret and not integration" -n $(TEST_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
+
+# The end-to-end tests of a minute or more each (marker integration): the demo, two-process
+# and bucket jobs, servers under load, the prepared GPU call's CPU smoke run. Out of `make
+# test` so that it stays short enough to run before every push; CI runs this after it.
+test-integration: $(STAMP) $(GPU_PLAN_STAMP)
+	$(BIN)/python -m pytest -q -m "integration and not slow" -n $(TEST_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
 
 # The Hopper kernels' numerics in Mosaic GPU's CPU interpreter, forward and gradients for
 # every mask kind (marker kernel_interpret): a few minutes on 2 cores, so out of `make

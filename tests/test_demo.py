@@ -1,8 +1,11 @@
 """`make demo` end to end (what a new user runs first)."""
 
+import pytest
+
 from cardjax.demo import run_demo
 
 
+@pytest.mark.integration  # about 2 minutes on 2 cores: `make test-integration`
 def test_demo_runs_and_reports(tmp_path, capsys):
   """The quick budget (every stage, a few steps per model); the full one trains the same
   recipes longer (test_demo_full.py, marked slow)."""

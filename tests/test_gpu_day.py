@@ -12,6 +12,10 @@ import pytest
 
 from benchmarks.sections import ROW_KEYS, TIMED_TRAIN_KEYS, Section, mark
 
+# Over a minute each on 2 cores: `make test-integration` runs them (CI too), not
+# `make test`.
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("decode", "forward_cost", "train_step", "attention")
 FILES = {f"{s}.json" for s in SECTIONS} | {"gpu_day.md", "gpu_day.log", "machine.txt"}

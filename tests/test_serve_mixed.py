@@ -14,6 +14,10 @@ from serve_helpers import mars_run, metric, start_server
 from cardjax import checkpoint
 from cardjax.decoding.methods import Options, make_decoder
 
+# Over a minute each on 2 cores: `make test-integration` runs them (CI too), not
+# `make test`.
+pytestmark = pytest.mark.integration
+
 PROMPTS = ["alpha beta", "one two three", "gamma", "five six alpha delta epsilon"]
 # (temperature, top_p, seed, max_tokens): greedy at two top_p (one group now: top_p means
 # nothing at temperature 0), sampled seeded at two top_p, of different lengths.

@@ -6,7 +6,12 @@ background thread, counted apart."""
 
 import concurrent.futures
 
+import pytest
 from serve_helpers import mars_run, metric, post, start_server
+
+# Over a minute each on 2 cores: `make test-integration` runs them (CI too), not
+# `make test`.
+pytestmark = pytest.mark.integration
 
 WORDS = "alpha beta gamma delta epsilon one two three four five six".split()
 

@@ -6,9 +6,14 @@ import math
 import subprocess
 import sys
 
+import pytest
 from serve_helpers import server_env
 
 from benchmarks.common import ROOT
+
+# Over a minute each on 2 cores: `make test-integration` runs them (CI too), not
+# `make test`.
+pytestmark = pytest.mark.integration
 
 LEVEL_KEYS = {"method", "clients", "server_tokens_per_s", "bare_tokens_per_s", "ratio",
               "rows_per_step"}

@@ -208,9 +208,10 @@ def test_bad_bucket_inputs_and_outputs_fail_before_the_work(buckets, monkeypatch
        "s3://no-such-bucket/plan.json"])
 
 
-# gs:// by default, s3:// in `make test-slow`: about 1 min each on 2 CPU cores with the
-# tests' XLA cache warm (conftest.py), 3 min cold; its four 60-step runs and its decode
-# table do not shrink with the model.
+# gs:// in `make test-integration`, s3:// in `make test-slow`: 1-2 min each on 2 CPU cores
+# with the tests' XLA cache warm (conftest.py), 3 min cold; its four 60-step runs and its
+# decode table do not shrink with the model.
+@pytest.mark.integration
 @pytest.mark.parametrize("scheme", ["gs", pytest.param("s3", marks=pytest.mark.slow)])
 def test_demo_writes_every_artefact_to_a_bucket(scheme, tmp_path):
   """`cardjax demo --quick --workdir gs://...` (or s3://), its models made smaller."""

@@ -59,6 +59,7 @@ def straight(data_dir, tmp_path_factory):
   return result["train"]["loss"], _params(run)
 
 
+@pytest.mark.integration  # a minute or more each on 2 cores: `make test-integration`
 @pytest.mark.parametrize("scheme", ["gs", "s3"])
 def test_killed_bucket_run_resumes_like_a_local_run(scheme, data_dir, straight, tmp_path,
                                                     monkeypatch):
@@ -178,6 +179,7 @@ def test_an_unfinished_save_is_never_the_latest_step(scheme, tmp_path, monkeypat
 
 # s3:// by default (cardjax's own staging, with process 0 uploading); gs:// (orbax writing
 # from both processes) in `make test-slow`.
+@pytest.mark.integration  # s3: `make test-integration`; gs is slow as well: `make test-slow`
 @pytest.mark.parametrize("scheme", [pytest.param("gs", marks=pytest.mark.slow), "s3"])
 def test_two_process_job_checkpoints_to_a_bucket_and_resumes(scheme, data_dir, tmp_path):
   """launch/local.sh's two processes (gloo on CPU) train into a bucket, each writes its

@@ -7,10 +7,15 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import pytest
 from launch_helpers import ROOT, SMALL, cli, two_process_env
 
 from cardjax.config import load_config
 from cardjax.data.prepare import make_loader, prepare
+
+# Over a minute each on 2 cores: `make test-integration` runs them (CI too), not
+# `make test`.
+pytestmark = pytest.mark.integration
 
 def _launch(workdir, data_dir, steps, checkpoint_every):
   env = two_process_env(dict(os.environ))
