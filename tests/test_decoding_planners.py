@@ -163,3 +163,22 @@ def test_bad_arguments():
     make_knobs(remask=2.0)
   with pytest.raises(CardjaxError, match="steps=0"):
     planners.check_steps(0, 8)
+
+
+def test_slot_stats_equal_a_numpy_softmax():
+  """argmax, top probability and entropy in bits of each slot against numpy's float64
+  softmax, peaked and flat rows and a -inf logit among them."""
+  from cardjax.decoding.planners import slot_stats
+
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(3, 4, 50)).astype(np.float32) * np.array([0.1, 3.0, 12.0])[:, None,
+                                                                                     None]
+  logits[0, 0, 7] = -np.inf
+  guess, conf, entropy = (np.asarray(v) for v in slot_stats(jnp.asarray(logits)))
+  x = logits.astype(np.float64)
+  p = np.exp(x - x.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  h = -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0), -1) / np.log(2.0)
+  assert (guess == x.argmax(-1)).all()
+  np.testing.assert_allclose(conf, p.max(-1), rtol=1e-5)
+  np.testing.assert_allclose(entropy, h, rtol=1e-5, atol=1e-5)

@@ -131,11 +131,19 @@ def check_steps(steps, block: int) -> int:
 
 
 def slot_stats(logits):
-  """(argmax token int32, top prob, entropy in bits) of slot logits [b, B, vocab]."""
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  probs = jnp.exp(logp)
-  entropy = -jnp.sum(probs * logp, axis=-1) / math.log(2.0)
-  return jnp.argmax(logp, axis=-1).astype(jnp.int32), jnp.max(probs, axis=-1), entropy
+  """(argmax token int32, top prob, entropy in bits) of slot logits [b, B, vocab].
+
+  From one pass of e = exp(l - max l) and its sum Z: the top prob is 1 / Z and the entropy
+  log Z - sum(e (l - max l)) / Z, so no log-probabilities over the vocabulary are written
+  and exponentiated again (a planner runs this every forward; XLA drops the entropy's pass
+  when the planner does not read it)."""
+  x = logits.astype(jnp.float32)
+  shifted = x - jnp.max(x, axis=-1, keepdims=True)
+  e = jnp.exp(shifted)
+  total = jnp.sum(e, axis=-1)
+  spread = jnp.sum(jnp.where(e > 0, e * shifted, 0.0), axis=-1)  # 0 x -inf counts 0
+  entropy = (jnp.log(total) - spread / total) / math.log(2.0)
+  return jnp.argmax(x, axis=-1).astype(jnp.int32), 1.0 / total, entropy
 
 
 def _best(score, allowed):
