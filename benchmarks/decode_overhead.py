@@ -283,11 +283,12 @@ class Bench:
                       for n in self.lengths} for moving in (True, False))
       per_forward = (best[n2] - best[n1]) * 1e3 / extra
       bare_per_forward = (bare[n2] - bare[n1]) / extra
+      still_per_forward = (still[n2] - still[n1]) / extra
       ratio = per_forward / bare_per_forward
       rounds.append({"decoder_ms_per_forward": per_forward,
                      "bare_ms_per_forward": bare_per_forward, "overhead_ratio": ratio,
-                     "bare_still_ms_per_forward": (still[n2] - still[n1]) / extra,
-                     "overhead_ratio_still": per_forward * extra / (still[n2] - still[n1]),
+                     "bare_still_ms_per_forward": still_per_forward,
+                     "overhead_ratio_still": per_forward / still_per_forward,
                      "call_fixed_ms": best[n1] * 1e3 - ratio * bare[n1],
                      "call_fixed_ms_flat": best[n1] * 1e3 - f[n1] * per_forward,
                      "decoder_ms": [best[n1] * 1e3, best[n2] * 1e3],

@@ -12,8 +12,8 @@ import pytest
 
 from benchmarks.sections import ROW_KEYS, TIMED_TRAIN_KEYS, Section, mark
 
-# Over a minute each on 2 cores: `make test-integration` runs them (CI too), not
-# `make test`.
+# The call's CPU smoke run these tests read takes over a minute on 2 cores:
+# `make test-integration` runs them (CI too), not `make test`.
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,8 +14,8 @@ from serve_helpers import mars_run, metric, start_server
 from cardjax import checkpoint
 from cardjax.decoding.methods import Options, make_decoder
 
-# Over a minute each on 2 cores: `make test-integration` runs them (CI too), not
-# `make test`.
+# The module's server and its mixed load take over a minute on 2 cores:
+# `make test-integration` runs them (CI too), not `make test`.
 pytestmark = pytest.mark.integration
 
 PROMPTS = ["alpha beta", "one two three", "gamma", "five six alpha delta epsilon"]
