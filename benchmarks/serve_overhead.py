@@ -197,15 +197,19 @@ class Server:
 
   def warmup(self) -> dict:
     """The warm-up's seconds (first log line to the summary), the server's own whole-second
-    figure and the number of programs."""
+    figure, the number of programs, and how many of them the server's program store loaded
+    and compiled."""
     first = next((t for t, line in self.lines if "cardjax serve: warm-up:" in line), None)
-    done = next(((t, line) for t, line in self.lines if "warm-up compiled" in line), None)
+    done = next(((t, line) for t, line in self.lines if "shapes ready in" in line), None)
     if done is None:
       raise SystemExit(f"no warm-up summary in the server's output:\n{self.output()}")
-    found = re.search(r"compiled (\d+) shapes in (\d+)s", done[1])
+    found = re.search(r"(\d+) shapes ready in (\d+)s", done[1])
+    kept = re.search(r"(\d+) loaded from .*, (\d+) compiled", done[1])
     return {"seconds": round(done[0] - (first or done[0]), 3),
             "printed_s": int(found[2]), "shapes": int(found[1]),
-            "startup_s": round(self.startup_s, 3)}
+            "startup_s": round(self.startup_s, 3),
+            **({"programs_loaded": int(kept[1]), "programs_compiled": int(kept[2])}
+               if kept else {})}
 
   def stop(self) -> None:
     self.proc.terminate()

@@ -147,9 +147,13 @@ def default_compilation_cache() -> str:
 
 def use_compilation_cache(path: str) -> None:
   """Before the first compile. A served model's programs are many and small (each batch
-  size, prompt width and cache span), so every one is kept, not only the slow ones."""
+  size, prompt width and cache span), so every one is kept, not only the slow ones; the
+  pools also keep theirs whole, loaded on a restart without tracing (serve/pool/stored.py)."""
   import jax
 
+  from cardjax.serve.pool import stored
+
+  stored.use(path)
   if not path:
     return
   jax.config.update("jax_compilation_cache_dir", path)
@@ -196,6 +200,7 @@ def run(args) -> None:
   from cardjax.parallel import make_mesh
   from cardjax.serve.app import create_app
   from cardjax.serve.engine import Engine
+  from cardjax.serve.pool import stored
   from cardjax.serve.scheduler import check_admit_wait, check_refill_step
   from cardjax.serve.tau import TauControl
 
@@ -232,8 +237,11 @@ def run(args) -> None:
     start = time.perf_counter()
     shapes = engine.warmup(None if args.warmup_width < 0 else args.warmup_width,
                            log=lambda line: print(line, file=sys.stderr))
-    print(f"cardjax serve: warm-up compiled {shapes} shapes in "
-          f"{time.perf_counter() - start:.0f}s", file=sys.stderr)
+    store = stored.default()
+    kept = (f"; programs: {store.loaded} loaded from {store.folder}, {store.compiled} compiled"
+            if store else "")
+    print(f"cardjax serve: warm-up: {shapes} shapes ready in "
+          f"{time.perf_counter() - start:.0f}s{kept}", file=sys.stderr)
   app = create_app(engine, tau, args.admit_wait, bounds, overlap=args.overlap,
                    refill_step=args.refill_step)
   d = engine.default

@@ -24,15 +24,18 @@ class PrefillPrograms:
   state: the model's weights; staging: the ShapeDtypeStructs of the pool's prefill buffer;
   sizes: the prefill batch sizes; bucket: the width ladder's step; slots, window: the
   pool's slots and decode window; limit: the longest prompt a row takes; background: an
-  executor for compiles off the caller's thread (None: compile where first needed)."""
+  executor for compiles off the caller's thread (None: compile where first needed); store:
+  a stored.ProgramStore that keeps the compiled programs on disk (None: jax's caches only),
+  context: what the prefill closes over (the model's structure), for the store's key."""
 
   def __init__(self, jitted, compiled: dict, state, staging, prefixes: PrefixStore,
                sizes: tuple[int, ...], *, bucket: int, slots: int, window: int, limit: int,
-               background=None):
+               background=None, store=None, context: str = ""):
     self.jitted, self.compiled, self.state, self.staging = jitted, compiled, state, staging
     self.prefixes, self.sizes, self.bucket = prefixes, sizes, bucket
     self.slots, self.window, self.limit = slots, window, limit
     self.background, self._queued = background, set()
+    self.store, self.context = store, context
     self.used: dict = {}  # (rows, prefix, width) -> the compiled prefill this pool ran
 
   def widths(self, prefix: int = 0) -> list[int]:
@@ -78,7 +81,9 @@ class PrefillPrograms:
         args = (self.state, self.staging, spec, spec, spec)
         if prefix:
           args += (self.prefixes.spec(prefix),)
-        self.compiled[key] = self.jitted.lower(*args).compile()
+        self.compiled[key] = (self.jitted.lower(*args).compile() if self.store is None else
+                              self.store.program("prefill", self.jitted, args,
+                                                 context=self.context))
       self.used[rows, prefix, width] = self.compiled[key]
     return self.used[rows, prefix, width]
 

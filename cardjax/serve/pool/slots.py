@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 
 import jax
 import jax.numpy as jnp
@@ -71,7 +72,7 @@ from cardjax.decoding.mars import check_args, pending_widths
 from cardjax.decoding.prompts import BUCKET, left_pad
 from cardjax.errors import CardjaxError
 from cardjax.model.cache import KVCache
-from cardjax.serve.pool import programs
+from cardjax.serve.pool import programs, stored
 from cardjax.serve.pool.prefill_programs import PrefillPrograms
 from cardjax.serve.pool.prefixes import PAGE, PrefixStore
 from cardjax.serve.pool.programs import Rows
@@ -136,7 +137,8 @@ class SlotPool:
                block: int = 4, rule: str = "prob", stop_ids=(), pad_id: int = 0,
                bucket: int = BUCKET, span_min: int = 64, prefill_rows: int = PREFILL_ROWS,
                prefix_page: int = PAGE, prefixes: PrefixStore | None = None,
-               background=None, unroll: int = 1, window: str | None = None):
+               background=None, unroll: int = 1, window: str | None = None,
+               store: stored.ProgramStore | None = None):
     if method not in METHODS:
       raise CardjaxError(f"SlotPool decodes {METHODS}, not {method!r}")
     self.model = freeze(model)
@@ -174,6 +176,13 @@ class SlotPool:
     # The model's programs, shared by its pools (jitted(): another pool of the same model,
     # e.g. one whose requests ignore stop tokens, compiles nothing new).
     prefill, self._step, compiled = jitted(g)
+    # Compiled programs kept on disk (stored.py): the given store, else the one of the
+    # compilation cache `cardjax serve` set, else none (jax's jit and its caches).
+    self.store = store or stored.default()
+    # What step and prefill close over and take first: the model's structure and config,
+    # its weights' shapes and dtypes.
+    self._context = hashlib.sha256(
+        repr((g, stored.signature(self.model.state))).encode()).hexdigest()
     # Stored prefixes (a store shared with the model's other pools, or its own).
     self.prefixes = prefixes or PrefixStore(self.model, prefix_page, background=background)
     self.owner: list = []  # per row: the caller's key, None when free
@@ -194,7 +203,7 @@ class SlotPool:
     self.programs = PrefillPrograms(
         prefill, compiled, self.model.state, staging_spec, self.prefixes, self.prefill_sizes,
         bucket=self.bucket, slots=slots, window=self.window, limit=self.prompt_limit(),
-        background=background)
+        background=background, store=self.store, context=self._context)
     self._resize(self.batch_sizes[0], [], self.spans[0])
 
   # -- rows ---------------------------------------------------------------------------
@@ -239,8 +248,8 @@ class SlotPool:
       self.flown = np.zeros(tier, np.int64)
       self.live = np.zeros(tier, bool)
       return
-    self.cache, self.rows = _gather(self.cache, self.rows, jnp.asarray(order, jnp.int32),
-                                         span=span)
+    self.cache, self.rows = self._run("gather", _gather, self.cache, self.rows,
+                                      jnp.asarray(order, jnp.int32), span=span)
     self.owner = [self.owner[i] if i >= 0 else None for i in order]
     keep = np.asarray(order) >= 0
     at = np.maximum(order, 0)
@@ -283,15 +292,15 @@ class SlotPool:
           log(f"step batch {tier}, span {span}")
         cache, rows = self._empty(tier, span)
         cache, rows, _ = self._call_step(cache, rows, forwards)
-        cache, rows = _release(cache, rows, np.int32(0))
+        cache, rows = self._run("release", _release, cache, rows, np.int32(0))
         ids = np.full(s, tier, np.int32)  # every id dropped: no row changes
         zeros, ones = np.zeros(s, np.int32), np.ones(s, np.float32)
-        cache, rows = _put(cache, rows, self.staging, ids, zeros, zeros, ones, zeros,
-                                ones, ones, np.zeros(s, np.uint32))
+        cache, rows = self._run("put", _put, cache, rows, self.staging, ids, zeros, zeros,
+                                ones, zeros, ones, ones, np.zeros(s, np.uint32))
         for other, other_span in ([(t, span) for t in self.batch_sizes if t != tier] +
                                   [(tier, x) for x in self.spans if x != span]):
-          _gather(cache, rows, jnp.asarray(np.full(other, -1), jnp.int32),
-                       span=other_span)
+          self._run("gather", _gather, cache, rows, jnp.asarray(np.full(other, -1), jnp.int32),
+                    span=other_span)
         n += 3 + len(self.batch_sizes) + len(self.spans) - 2
     return n
 
@@ -301,12 +310,23 @@ class SlotPool:
 
   def _call_step(self, cache, rows, forwards, run=None):
     """The step program compiled for `forwards` forwards, run for `run` (default all)."""
-    return self._step(
-        self.model.state, cache, rows, self.stop_ids, np.int32(self.pad_id),
-        np.int32(self.model.cfg.mask_token_id),
-        np.int32(self.whole(forwards if run is None else run)), forwards=self.whole(forwards),
-        method=self.method, block=self.block, rule=self.rule, limit=self.slots,
-        unroll=self.unroll, window=self.mars_window if self.method == "mars" else "full")
+    return self._run(
+        "step", self._step, self.model.state, cache, rows, self.stop_ids,
+        np.int32(self.pad_id), np.int32(self.model.cfg.mask_token_id),
+        np.int32(self.whole(forwards if run is None else run)), skip=1,
+        forwards=self.whole(forwards), method=self.method, block=self.block, rule=self.rule,
+        limit=self.slots, unroll=self.unroll,
+        window=self.mars_window if self.method == "mars" else "full")
+
+  def _run(self, name: str, jitted, *args, skip: int = 0, **static):
+    """jitted(*args, **static), through the program store when the pool has one. skip: the
+    leading arguments that are the model's (its weights, the same every call): the
+    program's key then names the model by the pool's context."""
+    if self.store is None:
+      return jitted(*args, **static)
+    program = self.store.program(name, jitted, args, static, self._context if skip else "",
+                                 skip)
+    return program(*args)
 
   def _fit(self, need: int) -> None:
     """The smallest tier holding `need` rows, the live rows moved to its first rows."""
@@ -388,8 +408,8 @@ class SlotPool:
     tau = np.asarray([r[2] for r in requests] + [1.0] * (s - n), np.float32)
     budget = np.asarray([r[3] for r in requests] + [0] * (s - n), np.int32)
     sampling = [r[4] for r in requests] + [GREEDY] * (s - n)
-    self.cache, self.rows = _put(
-        self.cache, self.rows, self.staging, ids, last, length, tau, budget,
+    self.cache, self.rows = self._run(
+        "put", _put, self.cache, self.rows, self.staging, ids, last, length, tau, budget,
         np.asarray([x.temperature for x in sampling], np.float32),
         np.asarray([x.top_p for x in sampling], np.float32),
         np.asarray([x.seed for x in sampling], np.uint32))
@@ -409,7 +429,8 @@ class SlotPool:
     no longer need is given up at the next launch."""
     row = self.owner.index(key)
     self.owner[row] = None
-    self.cache, self.rows = _release(self.cache, self.rows, np.int32(row))
+    self.cache, self.rows = self._run("release", _release, self.cache, self.rows,
+                                      np.int32(row))
     self.index[row], self.live[row], self.flown[row] = 0, False, 0
 
   def busy(self) -> bool:
