@@ -1,5 +1,6 @@
 """`cardjax serve` keeps its compiled programs in a persistent cache by default, so a
-restart on the same machine loads its warm-up instead of compiling it again."""
+restart on the same machine loads its warm-up instead of compiling it again (its pools'
+programs whole, without tracing them: serve/pool/stored.py)."""
 
 import os
 
@@ -33,10 +34,14 @@ def test_a_restart_compiles_nothing_new_in_its_warm_up(tmp_path):
   cache = tmp_path / "xla"
   output = serve_once(run, cache)
   assert f"compiled programs kept in {cache}" in output
-  first = entries(cache)
-  assert first, "the warm-up left no programs in the cache"
-  serve_once(run, cache)
+  first, stored = entries(cache), entries(cache / "programs")
+  assert first and stored, "the warm-up left no programs in the cache"
+  assert f"0 loaded from {cache / 'programs'}, {len(stored)} compiled" in output
+  again = serve_once(run, cache)
   assert entries(cache) == first  # every program of the second warm-up came from the cache
+  assert entries(cache / "programs") == stored
+  # ... whole: loaded, neither compiled nor traced
+  assert f"{len(stored)} loaded from {cache / 'programs'}, 0 compiled" in again
 
 
 def test_the_cache_can_be_turned_off(tmp_path):
