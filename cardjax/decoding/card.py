@@ -6,8 +6,9 @@ cut into blocks of B slots. A block starts all [MASK]; its first forward reads t
 block (the previous block; padding for the first block, whose prompt was prefilled) and
 the block holds the tokens placed so far and [MASK] elsewhere; its later forwards read the
 block alone. Slot j's distribution is the output at the token before it: the last pending
-token for slot 0 (for the first block the prefill's last output), saved by the block's
-first forward for its later ones, and slot j-1 otherwise. A planner (`planners.py`) then
+token for slot 0 (for the first block the prefill's last output), of which the block's
+first forward saves what the planner reads (token, top prob, entropy) for its later ones,
+and slot j-1 otherwise. A planner (`planners.py`) then
 reveals some masked slots; placed tokens are never re-masked (except DUS's remask option,
 which keeps a low-confidence token of a non-final round masked). Since masks are inputs to
 later slots and never to earlier ones, any fill order is allowed.
@@ -60,7 +61,8 @@ class _Carry(NamedTuple):
   blk: jax.Array  # the block being filled
   rnd: jax.Array  # forwards spent on it so far
   pending: jax.Array  # [b, B] the previous block's tokens
-  first: jax.Array  # [b, V] slot 0's logits, saved by the block's first forward
+  first: tuple  # slot 0's (token, top prob, entropy), each [b], saved by the block's first
+  # forward: three numbers a row, not its logits over the vocabulary
   block: jax.Array  # [b, B] placed tokens, [MASK] elsewhere
   masked: jax.Array  # [b, B] slots still to reveal (within budget, row not done)
   out: jax.Array  # [b, blocks * B]
@@ -78,7 +80,7 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
   cache = KVCache.create(model.cfg, b, width + (blocks + 1) * size)
   logits, cache = model.forward_cached(tokens, cache, positions=positions,
                                        segment_ids=segments)
-  first_logits = logits[:, -1]  # predicts slot 0 of block 0
+  first = tuple(x[:, 0] for x in planners.slot_stats(logits[:, -1:]))  # slot 0 of block 0
   slot = jnp.arange(size)[None]
   ones = jnp.ones((b, size), jnp.int32)
   opening_at = jnp.broadcast_to(jnp.arange(size - 1, 2 * size - 1), (b, size))
@@ -90,11 +92,11 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
   def cond(c: _Carry):
     return (c.blk < blocks) & ~jnp.all(c.done)
 
-  def planned(c: _Carry, slot_logits, cache) -> _Carry:
-    """One round's reveal from its slot distributions."""
-    guess, show = planners.plan_step(planner, slot_logits, c.masked, c.rnd, knobs,
-                                     c.rnd >= steps - 1)
-    return c._replace(cache=cache, rnd=c.rnd + 1, first=slot_logits[:, 0],
+  def planned(c: _Carry, stats, cache) -> _Carry:
+    """One round's reveal from its slots' (token, top prob, entropy), each [b, B]."""
+    guess, conf, entropy = stats
+    show = planners.reveal(planner, conf, entropy, c.masked, c.rnd, knobs, c.rnd >= steps - 1)
+    return c._replace(cache=cache, rnd=c.rnd + 1, first=tuple(x[:, 0] for x in stats),
                       block=jnp.where(show, guess, c.block), masked=c.masked & ~show,
                       forwards=c.forwards + (~c.done).astype(jnp.int32))
 
@@ -109,16 +111,19 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
     # pending token and the block's first B - 1 slots, B of the window's 2B.
     slot_logits, cache = model.forward_cached(window, cache, positions=pos, segment_ids=seg,
                                               logits_at=opening_at)
-    slot_logits = slot_logits.at[:, 0].set(jnp.where(has_pending, slot_logits[:, 0], c.first))
-    return planned(c, slot_logits, cache)
+    stats = planners.slot_stats(slot_logits)  # block 0's slot 0: the prefill's, saved
+    stats = tuple(jnp.concatenate([jnp.where(has_pending, x[:, :1], f[:, None]), x[:, 1:]], 1)
+                  for x, f in zip(stats, c.first))
+    return planned(c, stats, cache)
 
   def later(c: _Carry) -> _Carry:  # the block alone, as scratch where the block lives
     start = lengths[:, None] + c.blk * size + slot
     cache = dataclasses.replace(c.cache, index=width + (c.blk + 1) * size)
     logits, cache = model.forward_cached(c.block, cache, positions=start, segment_ids=ones,
                                          logits_at=later_at)  # the last slot's is unread
-    slot_logits = jnp.concatenate([c.first[:, None].astype(logits.dtype), logits], axis=1)
-    return planned(c, slot_logits, cache)
+    stats = tuple(jnp.concatenate([f[:, None], x], 1)
+                  for f, x in zip(c.first, planners.slot_stats(logits)))
+    return planned(c, stats, cache)
 
   def body(c: _Carry) -> _Carry:
     # The block's first forward, then its later ones in a loop of their own: no `cond`
@@ -136,7 +141,7 @@ def _generate(graphdef, state, tokens, positions, segments, lengths, stop_ids, p
 
   done = jnp.zeros((b,), bool)
   carry = _Carry(cache, jnp.int32(0), jnp.int32(0), jnp.full((b, size), pad_id, jnp.int32),
-                 first_logits,
+                 first,
                  jnp.full((b, size), mask_id, jnp.int32), todo(0, done),
                  jnp.full((b, blocks * size), pad_id, jnp.int32), done,
                  jnp.zeros((b,), jnp.int32))
