@@ -19,6 +19,7 @@ from decoding_helpers import tiny_model
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.integration  # a fresh pytest process, a minute of compiles on 2 cores
 def test_the_store_cases_pass_in_a_process_of_their_own():
   out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         "-p", "no:xdist", "tests/store_cases.py"], cwd=ROOT,
