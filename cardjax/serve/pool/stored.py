@@ -177,10 +177,10 @@ class ProgramStore:
                     type(e).__name__, e)
     lowered = jitted.lower(*args, **static)
     program = _compile_storable(lowered)
-    if program is None:  # nothing storable: jax's own caches only
-      return lowered.compile()
     with self._lock:
       self.compiled += 1
+    if program is None:  # nothing storable: jax's own caches only
+      return lowered.compile()
     try:
       # The devices it runs on (a pool's: one), which loading must name: by default it
       # would expect an argument shard on every device of the process.
