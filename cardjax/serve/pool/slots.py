@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 
 import jax
 import jax.numpy as jnp
@@ -179,10 +178,8 @@ class SlotPool:
     # Compiled programs kept on disk (stored.py): the given store, else the one of the
     # compilation cache `cardjax serve` set, else none (jax's jit and its caches).
     self.store = store or stored.default()
-    # What step and prefill close over and take first: the model's structure and config,
-    # its weights' shapes and dtypes.
-    self._context = hashlib.sha256(
-        repr((g, stored.signature(self.model.state))).encode()).hexdigest()
+    # The model that step and prefill close over and take first, as the store names it.
+    self._context = stored.model_context(g, self.model.state) if self.store else ""
     # Stored prefixes (a store shared with the model's other pools, or its own).
     self.prefixes = prefixes or PrefixStore(self.model, prefix_page, background=background)
     self.owner: list = []  # per row: the caller's key, None when free

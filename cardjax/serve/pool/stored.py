@@ -98,6 +98,12 @@ def signature(args) -> tuple:
                           bool(getattr(x, "weak_type", False))) for x in leaves)
 
 
+def model_context(graphdef, state) -> str:
+  """The `context` of a model's programs: its graph definition (structure and config) and
+  its weights' shapes and dtypes, hashed once per pool rather than flattened per call."""
+  return hashlib.sha256(repr((graphdef, signature(state))).encode()).hexdigest()
+
+
 # An XLA option that only changes what a dump of the program holds, so its compile gets
 # a key of its own in jax's persistent cache (jax leaves the other dump options out of it).
 _OWN_KEY = {"xla_dump_large_constants": True}
