@@ -14,6 +14,8 @@ differs), e.g. a GPU box:
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 from pathlib import Path
 
@@ -23,6 +25,28 @@ from benchmarks.common import arg_parser
 
 # The items of a training step that restore_model and read_run_config read.
 ITEMS = ("params", "model_config", "config")
+
+
+def portable(step_dir: Path) -> None:
+  """Leave no path of this machine in a packed step: the run config's absolute local paths
+  (data.data_dir, train.init_from, ...) become "" (the loading machine's defaults; a
+  packed run is only decoded, never resumed), and orbax's commit markers, which name the
+  folder they were written to, say only that the commit succeeded."""
+  meta = step_dir / "config" / "metadata"
+  if meta.is_file():
+    config = json.loads(meta.read_text())
+
+    def clear(section):
+      for key, value in section.items():
+        if isinstance(value, dict):
+          clear(value)
+        elif isinstance(value, str) and os.path.isabs(os.path.expanduser(value)):
+          section[key] = ""
+
+    clear(config)
+    meta.write_text(json.dumps(config))
+  for marker in step_dir.rglob("commit_success.txt"):
+    marker.write_text("Checkpoint commit was successful.")
 
 
 def pack_run(run: Path, out: Path) -> int:
@@ -38,6 +62,7 @@ def pack_run(run: Path, out: Path) -> int:
       shutil.copy2(entry, dst / str(step) / entry.name)
     elif entry.name in ITEMS:
       shutil.copytree(entry, dst / str(step) / entry.name)
+  portable(dst / str(step))
   if (src / checkpoint.ASSETS).is_dir():
     shutil.copytree(src / checkpoint.ASSETS, dst / checkpoint.ASSETS)
   else:  # a run from before the trainer kept its tokenizer with the checkpoints

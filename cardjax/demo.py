@@ -68,7 +68,9 @@ INSTRUCT = Path(__file__).resolve().parents[1] / "results" / "bench_pack" / "run
 
 def config_file(recipe: str, budget: str) -> str:
   """The config a RUNS recipe trains with at `budget`."""
-  return f"configs/decode_bench.py:{recipe}" if budget == "full" else f"configs/tiny_{recipe}.py"
+  # Recipe names, not paths: found in the repository's configs/ or the wheel's copy,
+  # whatever the working directory holds.
+  return f"decode_bench:{recipe}" if budget == "full" else f"tiny_{recipe}"
 
 
 def instruct_model(tokenizer_folder: Path, instruct: Path = INSTRUCT) -> Path | None:
@@ -77,7 +79,9 @@ def instruct_model(tokenizer_folder: Path, instruct: Path = INSTRUCT) -> Path | 
   ids would mean other text)."""
   kept = instruct / "checkpoints" / "hf_assets" / "tokenizer.json"
   if not kept.is_file():
-    print(f"   the instruct model is not in this install ({instruct}); the demo trains it")
+    print(f"   the kept instruct model is not in this install ({instruct}: a wheel carries "
+          "no trained models); the demo trains it first, about 9 minutes more on 2 cores "
+          "(from a clone of the repository it is loaded instead)")
     return None
   if kept.read_bytes() != (Path(tokenizer_folder) / "tokenizer.json").read_bytes():
     print(f"   the kept instruct model ({instruct}) was trained with another arith_sft "
@@ -87,7 +91,7 @@ def instruct_model(tokenizer_folder: Path, instruct: Path = INSTRUCT) -> Path | 
 
 
 def _train_models(workdir: Path, base, budget: str = "full",
-                  instruct: Path | None = None) -> tuple[dict, dict]:
+                  instruct: Path | None = None, steps: int = 0) -> tuple[dict, dict]:
   """The decode benchmark's recipes at the budget's steps; MARS starts from the SFT run
   (the recipe), or from `instruct` (an SFT run folder), which then is not trained. Returns
   the report's rows and each run's folder."""
@@ -100,13 +104,13 @@ def _train_models(workdir: Path, base, budget: str = "full",
   for name, recipe, flags in RUNS:
     if name == "sft" and instruct is not None:
       folders[name] = instruct
-      steps = latest_step(instruct / "checkpoints")
-      results[name] = {"loaded_from": str(instruct), "steps": steps}
-      print(f"   | sft | {steps} (kept, loaded from {instruct}) | | | |", flush=True)
+      kept_steps = latest_step(instruct / "checkpoints")
+      results[name] = {"loaded_from": str(instruct), "steps": kept_steps}
+      print(f"   | sft | {kept_steps} (kept, loaded from {instruct}) | | | |", flush=True)
       continue
-    steps = BUDGETS[budget][name]
-    extra = [f"--config.train.steps={steps}", "--config.train.eval_every=0",
-             f"--config.train.checkpoint_every={steps}", "--config.train.log_every=10",
+    n = steps or BUDGETS[budget][name]
+    extra = [f"--config.train.steps={n}", "--config.train.eval_every=0",
+             f"--config.train.checkpoint_every={n}", "--config.train.log_every=10",
              "--config.train.keep_checkpoints=1"]
     if budget == "full":
       extra += SHORTENED.get(name, ())
@@ -118,9 +122,9 @@ def _train_models(workdir: Path, base, budget: str = "full",
     text = (folders[name] / "metrics.jsonl").read_text()
     lines = [json.loads(l) for l in text.splitlines()]
     losses = [l["train/loss"] for l in lines if "train/loss" in l]
-    results[name] = {"steps": steps, "first_loss": losses[0], "last_loss": losses[-1],
+    results[name] = {"steps": n, "first_loss": losses[0], "last_loss": losses[-1],
                      "eval_ar_nll": out["eval"]["ar_nll"]}
-    print(f"   | {name} | {steps} | {losses[0]:.3f} | {losses[-1]:.3f} | "
+    print(f"   | {name} | {n} | {losses[0]:.3f} | {losses[-1]:.3f} | "
           f"{out['eval']['ar_nll']:.3f} |", flush=True)
   return results, folders
 
@@ -132,13 +136,17 @@ CODE_PROMPTS, BATCH, BLOCK = 16, 16, 4
 ARITH_PROBLEMS = {"full": 128, "quick": 64}
 
 
-def _decode(workdir: Path, folders: dict, budget: str = "full",
+def _decode(workdir: Path, folders: dict, data, budget: str = "full",
             kept_sft: bool = False) -> list[dict]:
   """The decode benchmark in miniature on the demo's runs (benchmarks/decode.py in full);
-  kept_sft: the SFT model was loaded, not trained here."""
+  kept_sft: the SFT model was loaded, not trained here. The prompts come from the demo's
+  own data folder `data`, never from the one a run stored (a kept run was trained on
+  another machine; the tokenizers match, stage 4 checked)."""
   from cardjax.eval import suite
 
   runs = {name: suite.load_run(folder) for name, folder in folders.items()}
+  for loaded in runs.values():
+    loaded.config.data.data_dir = str(data)
   print("   " + suite.HEADER.replace("\n", "\n   "), flush=True)
   log = lambda line: print("   " + line, flush=True)  # noqa: E731
   rows = suite.arith_rows(runs["sft"], runs["mars"],
@@ -207,6 +215,10 @@ def add_arguments(p) -> None:
   p.add_argument("--quick", action="store_true",
                  help="a few training steps per model: every stage in a couple of minutes, "
                       "its models too short to decode well")
+  p.add_argument("--steps", type=int, default=0,
+                 help="train each model this many steps instead of the budget's: a check "
+                      "that every stage runs on this machine, in a few minutes (its models "
+                      "decode poorly)")
   p.add_argument("--train-sft", action="store_true",
                  help="train the arithmetic instruct (AR SFT) model too instead of loading "
                       "the one kept in the repository (about 9 minutes more on 2 cores)")
@@ -214,14 +226,18 @@ def add_arguments(p) -> None:
 
 def run(args) -> None:
   """`cardjax demo`: its --config.k=v overrides apply to every config the demo loads."""
+  if args.steps < 0:
+    raise SystemExit(f"cardjax demo: --steps {args.steps}: give a positive number of steps "
+                     "(0 = the budget's)")
   run_demo(args.workdir, args.overrides, budget="quick" if args.quick else "full",
-           train_sft=args.train_sft)
+           train_sft=args.train_sft, steps=args.steps)
 
 
 def run_demo(workdir: str | Path, overrides=(), budget: str = "full",
-             train_sft: bool = False) -> dict:
+             train_sft: bool = False, steps: int = 0) -> dict:
   """Every stage under `workdir`. The full budget starts MARS from the kept instruct model
-  (INSTRUCT) unless train_sft; the quick one trains its tiny models, the SFT one too."""
+  (INSTRUCT) unless train_sft; the quick one trains its tiny models, the SFT one too.
+  steps: each trained model's steps instead of the budget's (0: the budget's)."""
   from cardjax import checkpoint, hf
   from cardjax.config import load_config, model_config
   from cardjax.data import builders
@@ -243,8 +259,8 @@ def run_demo(workdir: str | Path, overrides=(), budget: str = "full",
   report: dict = {"jax": jax.__version__, "backend": jax.default_backend()}
   data = staging_dir(str(workdir)) / "data" if is_remote(workdir) else workdir / "data"
   base = [f"--config.data.data_dir={data}", *overrides]
-  pretrain = load_config("configs/tiny.py", base)
-  sft = load_config("configs/tiny.py", base + SFT)
+  pretrain = load_config("tiny", base)
+  sft = load_config("tiny", base + SFT)
 
   t = _stage("1/7 build the embedded datasets and their tokenizers")
   for name, config in (("python_stdlib", pretrain), ("arith_sft", sft)):
@@ -283,7 +299,7 @@ def run_demo(workdir: str | Path, overrides=(), budget: str = "full",
   t = _stage(f"4/7 train {'MARS from the kept instruct model' if kept else 'AR SFT then MARS'} "
              f"on arith_sft, AR and CARD on python_stdlib ({budget} budget)")
   instruct = instruct_model(tokenizer_dir(sft)) if kept else None
-  report["training"], folders = _train_models(workdir, base, budget, instruct)
+  report["training"], folders = _train_models(workdir, base, budget, instruct, steps)
   print(f"   ({time.time() - t:.1f}s)")
 
   t = _stage("5/7 save and restore an orbax checkpoint (model + data iterator)")
@@ -325,7 +341,7 @@ def run_demo(workdir: str | Path, overrides=(), budget: str = "full",
     loader.close()
 
   t = _stage("7/7 decode with every method: speed against AR with a KV cache, and quality")
-  report["decoding"] = _decode(workdir, folders, budget, instruct is not None)
+  report["decoding"] = _decode(workdir, folders, data, budget, instruct is not None)
   print(f"   ({time.time() - t:.1f}s)")
   from cardjax.demo_figures import draw
 

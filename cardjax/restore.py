@@ -56,7 +56,34 @@ def run_config(run_dir: str | Path):
   from cardjax.config import merge_into_base
 
   raw = checkpoint.read_run_config(checkpoints_dir(run_dir))
-  return merge_into_base(raw) if raw is not None else None
+  return local_data_dir(merge_into_base(raw), run_dir) if raw is not None else None
+
+
+_SAID: set = set()
+
+
+def local_data_dir(config, where=""):
+  """`config` with a stored data.data_dir that does not exist here replaced by the caller's
+  ("": $CARDJAX_DATA_DIR, else ~/tensorflow_datasets), said once per folder. A run keeps
+  the data folder of the machine that trained it; on another machine (a kept run, a copied
+  one) that path means nothing, and reading datasets from it would fail."""
+  import logging
+  import os
+
+  from cardjax.storage import is_remote
+
+  stored = config.data.data_dir
+  if not stored or is_remote(stored) or os.path.isdir(os.path.expanduser(stored)):
+    return config
+  config.data.data_dir = ""
+  if stored not in _SAID:
+    _SAID.add(stored)
+    here = os.environ.get("CARDJAX_DATA_DIR") or "~/tensorflow_datasets"
+    logging.getLogger("cardjax.restore").warning(
+        "%s was trained with data folder %s, which is not on this machine; its datasets are "
+        "read from %s instead (--data-dir or CARDJAX_DATA_DIR to choose)",
+        where or "a run", stored, here)
+  return config
 
 
 def run_objective(run_dir: str | Path, objective: str = "") -> str | None:
