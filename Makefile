@@ -19,7 +19,7 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
+$(STAMP): pyproject.toml setup.py | $(BIN)/python
 	# torch first, pinned, so that no dependency can pull a CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[test,demo]'
@@ -35,7 +35,7 @@ install: $(STAMP)
 # What `make demo` needs and no more: cardjax and matplotlib (about 1.3 GB in the venv), no
 # torch, transformers or test tools; the demo compares logits with transformers only when it
 # is installed. The full install above includes the demo extra, so it stamps this one too.
-$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+$(DEMO_STAMP): pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[demo]'
 	touch $(DEMO_STAMP)
 
@@ -86,7 +86,7 @@ lint: $(STAMP)
 # are checked by tools/mkdocs_hooks.py). `python tools/check_site.py` then opens it in
 # headless Chromium (docs/development.md).
 DOCS_STAMP := $(VENV)/.installed-docs
-$(DOCS_STAMP): pyproject.toml $(STAMP)
+$(DOCS_STAMP): pyproject.toml setup.py $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[docs]'
 	touch $(DOCS_STAMP)
 

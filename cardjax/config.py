@@ -21,7 +21,16 @@ from cardjax.errors import ConfigError
 from cardjax.model.config import DTYPES, ModelConfig
 from cardjax.model.lora_spec import spec_from_config
 
+# The recipes: configs/ of a clone of the repository (an editable install), else the copy
+# a wheel carries inside the package (cardjax/recipes, built from configs/ by setup.py).
 REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+PACKAGED_CONFIGS = Path(__file__).resolve().parent / "recipes"
+
+
+def recipes_dir() -> Path:
+  """Where `--config NAME` and `configs/NAME.py` are found when the working directory has
+  no such file."""
+  return REPO_CONFIGS if REPO_CONFIGS.is_dir() else PACKAGED_CONFIGS
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -208,12 +217,17 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str])
 def _resolve_path(spec: str) -> tuple[Path, str | None]:
   path_text, _, arg = spec.partition(":")
   path = Path(path_text)
-  candidates = [path, REPO_CONFIGS / path, REPO_CONFIGS / f"{path_text}.py"]
+  recipes = recipes_dir()
+  candidates = [path, recipes / path, recipes / f"{path_text}.py"]
+  if path.parts[:1] == ("configs",):  # configs/NAME.py of the repository, from anywhere
+    candidates.append(recipes.joinpath(*path.parts[1:]))
   for candidate in candidates:
     if candidate.is_file():
       return candidate, (arg or None)
+  names = ", ".join(sorted(p.stem for p in recipes.glob("*.py"))) or "none found"
   raise ConfigError(f"config file {path_text!r} not found (looked in the working directory "
-                    f"and {REPO_CONFIGS}); pass a path such as configs/tiny.py")
+                    f"and {recipes}, whose recipes are: {names}); pass a path to a config "
+                    "file or one of those names")
 
 
 def config_module(path: Path):

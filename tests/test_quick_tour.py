@@ -3,19 +3,19 @@
 The tour is the text between `<!-- quick-tour -->` and `<!-- /quick-tour -->` in README.md:
 a bash block of commands (one a line, `\\` continues a line) and a python block. The fast
 test reads it and checks that every run, checkpoint or HF folder a step reads was written
-by an earlier step. The second runs it: each command in bash, in a temporary folder with
-a copy of configs/, the venv's `cardjax` first on the PATH and the environment each command
-leaves (its `export`s) passed on to the next; every command must exit 0, then the python
-block runs, then the artefacts of each step must exist. About 2 minutes on 2 CPU cores
-(1 min 55 s with a cold compilation cache, 2026-12-06), so it runs in `make test`.
+by an earlier step. The second runs it as a new user would: each command in bash, in a copy
+of the repository in a new folder (run by the copy's code), with an empty HOME,
+XDG_CACHE_HOME and CARDJAX_DATA_DIR (tests/fresh_machine.py), the venv's `cardjax` first on
+the PATH and the environment each command leaves (its `export`s) passed on to the next;
+every command must exit 0, then the python block runs, then the artefacts of each step must
+exist. About 2 minutes on 2 CPU cores (1 min 55 s with a cold compilation cache,
+2026-12-06); `make docs` runs it.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from fresh_machine import ROOT, copy_repository, fresh_environment
 BEGIN, END = "<!-- quick-tour -->", "<!-- /quick-tour -->"
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 
@@ -108,15 +108,11 @@ def test_tour_reads_only_what_it_wrote():
       assert any(_norm(path) == w or path.startswith(w + "/") for w in written), path
 
 
-def _environment(tmp: Path) -> dict:
-  env = dict(os.environ)
-  env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-  # What a user sees: one CPU device, not the 8 simulated ones of the other tests.
-  flags = env.get("XLA_FLAGS", "").split()
-  env["XLA_FLAGS"] = " ".join(f for f in flags
-                              if not f.startswith("--xla_force_host_platform_device_count"))
-  env["HOME"] = str(tmp / "home")  # nothing written to the real ~/tensorflow_datasets
-  env.pop("CARDJAX_DATA_DIR", None)
+def _environment(tmp: Path, clone: Path) -> dict:
+  """A new user's: empty HOME, XDG_CACHE_HOME and CARDJAX_DATA_DIR (the tour sets the
+  last), one CPU device, the venv's `cardjax` first on the PATH running the clone's code."""
+  env = fresh_environment(tmp)
+  env["PYTHONPATH"] = str(clone)  # before the editable install's finder
   return env
 
 
@@ -138,21 +134,20 @@ def _run(command: str, cwd: Path, env: dict, log: list) -> tuple[dict, str]:
 @pytest.mark.docs  # about 100 s: run by `make docs`, beside the site build
 def test_quick_tour_runs(tmp_path: Path):
   bash, python = tour()
-  shutil.copytree(ROOT / "configs", tmp_path / "configs")
-  (tmp_path / "home").mkdir()
-  env = _environment(tmp_path)
+  clone = copy_repository(tmp_path / "clone")
+  env = _environment(tmp_path, clone)
   log: list = []
   outputs = {}
   for command in bash:
-    env, outputs[command] = _run(command, tmp_path, env, log)
+    env, outputs[command] = _run(command, clone, env, log)
   for i, source in enumerate(python):
-    script = tmp_path / f"tour_{i}.py"
+    script = clone / f"tour_{i}.py"
     script.write_text(source)
     _, outputs[f"python block {i}"] = _run(f"{shlex.quote(sys.executable)} {script.name}",
-                                           tmp_path, env, log)
+                                           clone, env, log)
   print("\n".join(f"{seconds:7.1f}s  {command[:90]}" for command, seconds in log))
 
-  runs = tmp_path / "runs"
+  runs = clone / "runs"
   assert env.get("CARDJAX_DATA_DIR") == str(runs / "data")
   assert list((runs / "data" / "arith_sft").glob("*/1.0.0/dataset_info.json"))
   assert list((runs / "data" / "tokenizers").glob("arith_sft-*"))
@@ -168,3 +163,4 @@ def test_quick_tour_runs(tmp_path: Path):
     assert (folder / "tokenizer.json").is_file(), folder
   assert (runs / "mars_hf" / "checkpoints" / "0").is_dir()
   assert not (tmp_path / "home" / "tensorflow_datasets").exists()
+  assert not any((tmp_path / "data").iterdir())  # the tour's own CARDJAX_DATA_DIR was used
