@@ -59,6 +59,7 @@ def test_midpoint_rule_rates():
   assert ctx.elbo({0.25: 2.0, 0.75: 4.0}) == 3.0
 
 
+@pytest.mark.integration  # 45 s on 2 cores: trains and probes a run
 def test_every_step_probes_each_kept_checkpoint(tmp_path, monkeypatch):
   """--every-step: one row per kept checkpoint, oldest first, each from that step's weights
   (the CE by t over training); the ELBO column and an AR run's NLL on the same batches."""

@@ -73,6 +73,7 @@ def test_crossover_reads_the_mean_curves():
   assert report.mean_curve([[1.0, None], [3.0, None]]) == [2.0, None]
 
 
+@pytest.mark.integration  # 45 s on 2 cores: the study's tiny run
 def test_tiny_study_writes_its_json(tmp_path, monkeypatch):
   out = tmp_path / "claims.json"
   monkeypatch.setattr(sys, "argv", [
@@ -105,6 +106,7 @@ def test_bad_arguments_are_named(monkeypatch):
     card_claims.main()
 
 
+@pytest.mark.integration  # 20 s on 2 cores: the study's named runs
 def test_tiny_budgets_study_trains_the_named_runs(tmp_path, monkeypatch):
   # One pass at growing budgets: every seed at the smaller budgets, the first at the
   # largest; --runs leaves out the half-clean variant.

@@ -3,12 +3,15 @@
 import json
 import math
 
+import pytest
+
 from benchmarks import decode_overhead
 
 KEYS = {"method", "setting", "batch", "width", "decoder_ms_per_forward", "bare_ms_per_forward",
         "overhead_ratio", "call_fixed_ms", "bare_still_ms_per_forward", "overhead_ratio_still"}
 
 
+@pytest.mark.integration  # 45 s on 2 cores: the benchmark's quick run
 def test_quick_run_writes_a_row_per_setting(tmp_path, capsys):
   out = tmp_path / "overhead.json"
   # 3 repeats, not --quick's 1: a single timing on a busy machine can invert the lengths.

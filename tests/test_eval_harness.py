@@ -296,6 +296,7 @@ def test_mdlm_scores_its_elbo(setup):
   assert block["requests"] == 2 and block["forwards"] == -(-2 * 513 // 8)
 
 
+@pytest.mark.integration  # 40 s on 2 cores: lm-eval over a BD3LM's ELBO
 def test_bd3lm_scores_its_blockwise_elbo(setup):
   """Blocks of 4 from the sequence start, each a masked diffusion over the clean blocks
   before it, all read in one [x_t | x_0] forward under training's bd3lm mask. One masked

@@ -229,6 +229,7 @@ def test_eval_and_serve_read_base_plus_adapters(sft, lora_run, tmp_path):
   assert np.abs(served - scores(base)).max() > 1e-3  # the adapters were applied
 
 
+@pytest.mark.integration  # 45 s on 2 cores: two LoRA trainings and a resume
 def test_resume_restores_the_adapters(sft, tmp_path):
   """A LoRA run stopped at step 6 and resumed to 12 ends where an unbroken 12-step run
   does: the adapters and their optimizer state come back, the base is re-read."""

@@ -250,6 +250,7 @@ print("RESULT " + json.dumps(out))
 """
 
 
+@pytest.mark.integration  # 50 s on 2 cores: every mask kind compiled for H100 by XLA:GPU
 @pytest.mark.skipif(not gpu_plugin_in_plan_dir(),
                     reason=f"no jax_cuda12_plugin in {GPU_PLAN_DIR} (`make install-gpu-plan`)")
 def test_every_mask_kind_compiles_for_h100_without_a_gpu():

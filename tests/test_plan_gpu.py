@@ -35,6 +35,7 @@ def plan(tmp_path, name, *args, config="configs/tiny_mars.py") -> dict:
   return got
 
 
+@pytest.mark.integration  # 25 s on 2 cores: XLA:GPU plans in a subprocess
 @needs_plugin
 def test_gpu_node_plans_come_from_xla_gpu_with_the_triton_kernels_inside(tmp_path):
   """8xH100 with the Pallas GPU kernel: the step compiles for sm_90 (the MARS dual-stream
@@ -55,6 +56,7 @@ def test_gpu_node_plans_come_from_xla_gpu_with_the_triton_kernels_inside(tmp_pat
   assert g["total"] >= g["params"] + g["opt_state"]
 
 
+@pytest.mark.integration  # 20 s on 2 cores: XLA:GPU plans in a subprocess
 @needs_plugin
 def test_two_gpu_nodes_and_one_gpu(tmp_path):
   """16xH100 is two nodes of 8 (XLA's topology 1x2x8, 16 devices in the mesh); 1xH200 one

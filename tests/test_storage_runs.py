@@ -101,6 +101,7 @@ def test_killed_bucket_run_resumes_like_a_local_run(scheme, data_dir, straight, 
     assert any((as_path(run) / "tensorboard").iterdir())
 
 
+@pytest.mark.integration  # 50 s on 2 cores: a bucket run trained, exported and read back
 def test_bucket_run_exports_to_hugging_face(data_dir, tmp_path, monkeypatch, capsys):
   """export-hf reads a gs:// run and writes a local folder transformers loads (logits match)
   and a bucket folder, which import-hf reads back into a bucket checkpoint; generate reads

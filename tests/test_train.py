@@ -53,6 +53,7 @@ def test_loss_falls_and_resume_is_exact(data_dir, tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.integration  # 45 s on 2 cores: two trainings and a resume
 def test_resume_allocates_only_what_it_restores(data_dir, tmp_path, monkeypatch):
   """A resumed run initialises nothing (no random model, no optimizer state): no array
   exists before the restore, every restored array has the sharding a fresh run gives it,
