@@ -19,6 +19,9 @@ from cardjax.train import train
 from cloud_emulators import emulated
 from launch_helpers import ROOT, checkout_env, cli
 
+# `make test-integration`: 10-20 s a case on 2 cores: CLI runs against the bucket emulators.
+pytestmark = pytest.mark.integration
+
 # A tiny AR SFT run on arith_sft (chat template: eval --task arith reads it; nll reads its
 # test split), small enough to train in seconds.
 RUN = ["--config.model.hidden_size=32", "--config.model.intermediate_size=64",

@@ -142,6 +142,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
   assert good >= 2
 
 
+@pytest.mark.integration  # 30 s on 2 cores: a training process stopped by SIGTERM, then resumed
 def test_sigterm_saves_and_resume_matches(data_dir, tmp_path):
   args = [sys.executable, "-m", "cardjax.cli", "train", "--config", "configs/tiny_ar.py",
           "--workdir", str(tmp_path / "run"), f"--config.data.data_dir={data_dir}", *SMALL,
@@ -181,6 +182,7 @@ def test_bad_configs_are_clear_errors(data_dir):
     _config(data_dir, "--config.train.grad_accum=3")
 
 
+@pytest.mark.integration  # 20 s on 2 cores: training processes killed during saves
 def test_kill_during_saves_leaves_a_restorable_latest(data_dir, tmp_path):
   """SIGKILL while checkpoints are written every step: the latest step is always whole."""
   args = [sys.executable, "-m", "cardjax.cli", "train", "--config", "configs/tiny_ar.py",

@@ -8,6 +8,9 @@ from cardjax.config import load_config
 from cardjax.data.prepare import prepare
 from cardjax.train import train
 
+# `make test-integration`: 15-25 s a config on 2 cores: six trainings end to end.
+pytestmark = pytest.mark.integration
+
 FAST = ["--config.data.seq_len=64", "--config.data.batch_size=8", "--config.train.steps=24",
         "--config.train.log_every=4", "--config.train.eval_every=0",
         "--config.train.eval_steps=1", "--config.train.progress=false",
