@@ -13,12 +13,16 @@ import tempfile
 _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
-# LLVM's optimisation passes off for the tests' programs (and the subprocesses they start):
-# on a CPU, compiling is most of a test's time and running its tiny shapes almost none, and
-# this flag takes a quarter off the compile-bound tests (2 Intel Xeon cores, 2026-12-07).
-# HLO's passes (fusion, buffer assignment: what the memory tests read) are unchanged.
-if "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
-  os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+# Cheaper compiles for the tests' programs (and the subprocesses they start): on a CPU,
+# compiling is most of a test's time (78% of the slot pool's tests) and running its tiny
+# shapes almost none. LLVM's optimisation passes off took a quarter off compile-bound tests,
+# and XLA:CPU's older loop emitters for fusions (instead of its MLIR fusion emitters) a
+# third more (2 Intel Xeon cores, 2026-12-07). HLO's passes (fusion, buffer assignment:
+# what the memory tests read) are unchanged.
+for _name, _value in (("--xla_backend_optimization_level", "0"),
+                      ("--xla_cpu_use_fusion_emitters", "false")):
+  if _name not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += f" {_name}={_value}"
 os.environ["JAX_PLATFORMS"] = "cpu"
 # libtpu on the path before jax starts, for the compile-only TPU devices of `cardjax plan`
 # (tests/test_plan.py); JAX_PLATFORMS keeps every other test on the CPU.
