@@ -19,8 +19,9 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
 # and XLA:CPU's older loop emitters for fusions (instead of its MLIR fusion emitters) a
 # third more (2 Intel Xeon cores, 2026-12-07). HLO's passes (fusion, buffer assignment:
 # what the memory tests read) are unchanged.
-for _name, _value in (("--xla_backend_optimization_level", "0"),
-                      ("--xla_cpu_use_fusion_emitters", "false")):
+CHEAP_COMPILE_FLAGS = {"--xla_backend_optimization_level": "0",
+                       "--xla_cpu_use_fusion_emitters": "false"}
+for _name, _value in CHEAP_COMPILE_FLAGS.items():
   if _name not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += f" {_name}={_value}"
 os.environ["JAX_PLATFORMS"] = "cpu"
