@@ -71,9 +71,9 @@ test-integration: $(STAMP) $(GPU_PLAN_STAMP)
 
 # The Hopper kernels' numerics in Mosaic GPU's CPU interpreter, forward and gradients for
 # every mask kind (marker kernel_interpret): a few minutes on 2 cores, so out of `make
-# test` (`make test-integration` compiles them for an H100); CI runs this target after it. The interpreter
-# holds a thread of the CPU client's pool per simulated warpgroup: PJRT_NPROC gives the
-# pool 8 (one per core by default, which deadlocks it on 2 cores).
+# test` (`make test-integration` compiles them for an H100); CI runs this target after
+# it. The interpreter holds a thread of the CPU client's pool per simulated warpgroup:
+# PJRT_NPROC gives the pool 8 (one per core by default, which deadlocks it on 2 cores).
 test-kernels: $(STAMP)
 	PJRT_NPROC=8 $(BIN)/python -m pytest -q -m kernel_interpret -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
