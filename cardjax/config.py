@@ -123,6 +123,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.lora.init_from = ""  # a PEFT adapter folder to start the adapters from ("" =
   #   fresh ones); its rank, alpha and targets must be the ones above (docs/hf.md)
   c.train.progress = True  # a progress bar on the terminal
+  # The stall watchdog (cardjax/train/watchdog.py): seconds with no finished step before
+  # the run dumps every thread's stack to the log and exits 75 for its launcher to restart;
+  # 0 = 20x the median step time, at least 600; negative = off. The first step (it compiles)
+  # gets stall_first_timeout.
+  c.train.stall_timeout = 0.0
+  c.train.stall_first_timeout = 3600.0
   c.train.compilation_cache_dir = ""  # a persistent XLA cache ("" = off): a restarted
   #   pod job loads the compiled step instead of compiling it again
   c.train.profile_steps = ""  # "A:B": trace steps A to B into WORKDIR/profile ("" = off;

@@ -31,7 +31,9 @@ def checkout_env(base: dict) -> dict:
 
 def two_process_env(base: dict) -> dict:
   """The environment of launch/local.sh's two processes: one CPU device each (no forced
-  device count) and a free coordinator port."""
-  env = {k: v for k, v in checkout_env(base).items() if k != "XLA_FLAGS"}
+  device count; the tests' cheaper-compile flags are kept) and a free coordinator port."""
+  env = checkout_env(base)
+  env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                              if not f.startswith("--xla_force_host_platform_device_count"))
   env["CARDJAX_PORT"] = str(portpicker.pick_unused_port())
   return env

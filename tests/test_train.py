@@ -160,7 +160,7 @@ def test_sigterm_saves_and_resume_matches(data_dir, tmp_path):
   proc.send_signal(signal.SIGTERM)
   out, _ = proc.communicate(timeout=240)
   assert proc.returncode == 143, out[-2000:]
-  assert "SIGTERM: saved step" in out
+  assert "preempted (SIGTERM): this process saved step" in out
   stopped = checkpoint.latest_step(tmp_path / "run" / "checkpoints")
   assert 4 <= stopped < 400
   # Resuming continues from that step exactly as a run that never stopped (fewer total

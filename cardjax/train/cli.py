@@ -34,7 +34,7 @@ def run(args) -> int:
 
   from cardjax.config import load_config
   from cardjax.storage import check, resolve
-  from cardjax.train import Preempted, train
+  from cardjax.train import Preempted, exit_codes, train
   from cardjax.train.profile import parse_steps
 
   args.workdir = resolve(args.workdir)  # relative local paths: once, here
@@ -51,7 +51,7 @@ def run(args) -> int:
     result = train(config, args.workdir)
   except Preempted as e:
     print(f"cardjax: {e}", file=sys.stderr)
-    return 143
+    return exit_codes.PREEMPTED
   train_m, eval_m = result["train"], result["eval"]
   start, step = result["start"], result["step"]
   done = (f"resumed from step {start}, trained {step - start} steps to step {step}" if start

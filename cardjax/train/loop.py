@@ -7,9 +7,12 @@ the metrics writer. `_loop` then runs one step at a time and after each the peri
 of cardjax/train/periodic.py: the NaN check (one step late, so it never stalls the device),
 the progress bar (loss, tokens/s, MFU, ETA), metrics to WORKDIR/metrics.jsonl and
 TensorBoard, validation, checkpoints (with the data iterator) every train.checkpoint_every
-steps and at the end, and a save and stop on SIGTERM. A NaN or infinite loss stops the run
-with the last good checkpoint left as the latest. `--profile-steps A:B` traces steps A to B
-(cardjax/train/profile.py). WORKDIR may be a bucket URI (docs/storage.md).
+steps and at the end, and a save and stop on SIGTERM (every host the same step,
+cardjax/train/preemption.py). A stall watchdog ends a run whose steps stop
+(cardjax/train/watchdog.py); CARDJAX_FAULTS makes faults on purpose (faults.py). A NaN or
+infinite loss stops the run with the last good checkpoint left as the latest.
+`--profile-steps A:B` traces steps A to B (cardjax/train/profile.py). WORKDIR may be a
+bucket URI (docs/storage.md).
 """
 
 from __future__ import annotations
@@ -43,8 +46,11 @@ from cardjax.storage import checked_path, check, is_remote, resolve
 from cardjax.train.metrics import MetricsWriter, local_run_dir
 from cardjax.train.optimizer import learning_rate, make_optimizer, sharded_init
 from cardjax.train.periodic import Preempted, TrainingError
+from cardjax.train.faults import Faults
+from cardjax.train.preemption import PreemptionNotice
 from cardjax.train.profile import ProfileWindow, parse_steps
 from cardjax.train.step import jit_train_step, make_eval_step
+from cardjax.train.watchdog import STALL_EXIT_DELAY_S, StallWatchdog
 
 __all__ = ["train", "setup", "Job", "TrainingError", "Preempted"]
 
@@ -276,18 +282,23 @@ def _loop(job: Job, profile: ProfileWindow) -> dict:
   finite = periodic.FiniteLoss(job.ckpt)
   log_line = periodic.Log(t.log_every, t.steps, finite, clock, bar)
   validate = periodic.Validate(t.eval_every, t.steps, t.log_every, clock)
+  faults = Faults.from_env()
   try:
-    with periodic.SigtermFlag() as sigterm:
+    watchdog = StallWatchdog(t.stall_timeout, t.stall_first_timeout,
+                             exit_delay=STALL_EXIT_DELAY_S if jax.process_count() > 1 else 0)
+    with PreemptionNotice() as notice, watchdog:
       actions = [finite, periodic.Progress(bar), profile, log_line, validate,
                  periodic.Save(t.checkpoint_every, t.steps, finite),
-                 periodic.StopOnSigterm(sigterm, finite)]
+                 periodic.StopOnPreemption(notice, finite)]
       for step in range(job.start + 1, t.steps + 1):  # numbered as metrics.jsonl numbers them
+        faults.before(step)
         profile.before(step)
         with jax.profiler.StepTraceAnnotation("train", step_num=step):
           job.advance(step)
         for action in actions:
           if action.due(step):
             action.run(job, step)
+        watchdog.beat()  # FiniteLoss waited for the step before: the device moves on
   finally:
     profile.close()
     bar.close()

@@ -4,14 +4,13 @@ done (the step of metrics.jsonl lines and checkpoints) and `job` the run that
 cardjax/train/loop.py set up.
 
 In list order: the NaN check, the progress bar, the end of a profile window, a metrics line,
-validation, a checkpoint, a SIGTERM stop.
+validation, a checkpoint, a stop on preemption.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import signal
 import time
 from typing import Protocol
 
@@ -164,41 +163,21 @@ class Save:
     job.save(step)
 
 
-class SigtermFlag:
-  """Set by SIGTERM while the loop runs (in the main thread; elsewhere it never is)."""
+class StopOnPreemption:
+  """After SIGTERM (on any host: cardjax/train/preemption.py agrees the step): the step just
+  done is saved, if it is not yet, and the run stops."""
 
-  def __init__(self):
-    self.raised = False
-    self.previous = None
-
-  def __enter__(self):
-    try:
-      self.previous = signal.signal(signal.SIGTERM, self._handle)
-    except ValueError:  # not the main thread: no handler, no flag
-      self.previous = None
-    return self
-
-  def _handle(self, *_):
-    self.raised = True
-
-  def __exit__(self, *exc):
-    if self.previous is not None:
-      signal.signal(signal.SIGTERM, self.previous)
-
-
-class StopOnSigterm:
-  """After SIGTERM: the step just done is saved (if it is not yet) and the run stops."""
-
-  def __init__(self, flag: SigtermFlag, finite: FiniteLoss):
-    self.flag, self.finite = flag, finite
+  def __init__(self, notice, finite: FiniteLoss):
+    self.notice, self.finite = notice, finite
 
   def due(self, step: int) -> bool:
-    return self.flag.raised
+    return self.notice.reached(step)
 
   def run(self, job, step: int) -> None:
     self.finite.now()
     if job.last_saved != step:
       job.save(step)
     job.ckpt.wait()
-    raise Preempted(f"SIGTERM: saved step {step} in {job.ckpt.directory}; run the same "
-                    "command again to resume")
+    hosts = "every host" if jax.process_count() > 1 else "this process"
+    raise Preempted(f"preempted (SIGTERM): {hosts} saved step {step} in "
+                    f"{job.ckpt.directory}; run the same command again to resume")
