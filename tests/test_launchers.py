@@ -6,7 +6,6 @@ process stopping the others."""
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
