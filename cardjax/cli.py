@@ -54,6 +54,9 @@ COMMANDS = (
     Command("serve", "cardjax.serve.cli",
             "serve a checkpoint over an OpenAI-compatible HTTP API"),
     Command("demo", "cardjax.demo", "the main job in miniature, on CPU", overrides=True),
+    Command("jobset", "cardjax.commands.jobset",
+            "a Kubernetes JobSet manifest for a TPU slice or GPU node pool (docs/pods.md)",
+            overrides=True),
 )
 
 

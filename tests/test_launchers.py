@@ -82,7 +82,7 @@ echo "attempt $CARDJAX_ATTEMPT process $CARDJAX_PROCESS_ID of $CARDJAX_NUM_PROCE
 if [[ $CARDJAX_ATTEMPT == 0 ]]; then
   if [[ $CARDJAX_PROCESS_ID == 1 ]]; then exit 9; fi   # a host lost
   trap 'echo "process 0 stopped" >> {tmp_path}/attempts; exit 143' TERM
-  sleep 30 >/dev/null 2>&1 & wait                                       # waits for it, as a collective would
+  sleep 30 >/dev/null 2>&1 & wait  # waits for it, as a collective would
 fi
 """)
   result = _run([LAUNCH / "local.sh", "--restarts", "1", "2", "1", job], tmp_path,
