@@ -7,9 +7,10 @@
 Options are the fields of each builder's config (`BUILDERS[name].CONFIG_CLS`); a build lives
 in DATA_DIR/NAME/CONFIG/VERSION, CONFIG being a readable prefix plus a hash of the options.
 load_source never builds: an unbuilt dataset is an error that says how to build it.
-DATA_DIR may be a bucket (gs://, s3://): builds are written locally, then uploaded, and read
-from a local copy (cardjax/data/bucket_builds.py). `build(..., beam_runner=...)` runs the
-builder on Apache Beam (all but arith_sft), writing the same shards.
+DATA_DIR may be a bucket (gs://, s3://): builds are written locally, then uploaded; a read
+fetches the shard files it needs into a bounded cache (cardjax/data/bucket_builds.py).
+`build(..., beam_runner=...)` runs the builder on Apache Beam (all but arith_sft), writing
+the same shards.
 """
 
 from __future__ import annotations
@@ -127,14 +128,20 @@ def build_command(name: str, data_dir: str | os.PathLike, **options) -> str:
   return " ".join(shlex.quote(a) for a in args)
 
 
-def load_source(name: str, split: str, data_dir: str | os.PathLike, **options):
-  """The built split as a random-access source (len, [i]) for grain.MapDataset.source."""
+def load_source(name: str, split: str, data_dir: str | os.PathLike, *,
+                cache_gb: float | None = None, **options):
+  """The built split as a random-access source (len, [i]) for grain.MapDataset.source.
+
+  For a bucket data_dir only the build's metadata is downloaded; its shard files are
+  fetched as records in them are read, into a cache of at most `cache_gb` GB (default
+  $CARDJAX_DATA_CACHE_GB, else 50; cardjax/data/bucket_builds.py)."""
   root = _abs(data_dir)
   builder = make_builder(name, root, **options)
+  sizes = None
   if is_remote(root):
     folder = location(builder, root)
     if bucket_builds.is_uploaded(folder):
-      bucket_builds.fetch(folder, os.fspath(builder.data_dir))
+      sizes = bucket_builds.fetch_metadata(folder, os.fspath(builder.data_dir))
       builder = make_builder(name, root, **options)
     else:
       builder = None
@@ -147,6 +154,8 @@ def load_source(name: str, split: str, data_dir: str | os.PathLike, **options):
   if re.split(r"[\[+]", split)[0] not in available:  # allow tfds slices such as train[:10%]
     raise CardjaxError(
         f"dataset {name} has no split {split!r}; available splits: {', '.join(available)}")
+  if sizes is not None:
+    return bucket_builds.open_split(builder, split, folder, sizes, cache_gb)
   return builder.as_data_source(split=split)
 
 
