@@ -66,6 +66,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.pad_to_multiple = 1
   c.data.sft_overflow = "truncate"  # SFT examples longer than seq_len: truncate | drop
   c.data.num_workers = 0  # grain worker processes (0 = in the training process)
+  # Data shards (cardjax/data/shards.py): the split is read as this many contiguous ranges,
+  # each resumable on its own; a run resumes on any host count that divides it (0 = one per
+  # process at the run's start). Set it to a multiple of every host count the run may use.
+  c.data.shards = 0
   c.objective = ml_collections.ConfigDict()
   c.objective.name = "ar"  # ar | card | mars | mdlm | bd3lm
   c.objective.block_size = 4  # B: MARS / BD3LM block length (must divide data.seq_len)

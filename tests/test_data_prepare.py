@@ -63,7 +63,7 @@ def test_resume_from_an_orbax_checkpoint(arith_dir, tmp_path):
   checkpoint.save_model(tmp_path / "ck", model, step=2, data_loader=loader)
   resumed = make_loader(config)
   checkpoint.restore_data_state(tmp_path / "ck", resumed)
-  assert (tmp_path / "ck" / "2" / "data" / "process_0-of-1.json").is_file()
+  assert (tmp_path / "ck" / "2" / "data" / "shard_0-of-1.json").is_file()
   for batch in want[2:]:
     got = next(resumed)
     for key in batch:

@@ -197,7 +197,7 @@ def test_two_process_job_checkpoints_to_a_bucket_and_resumes(scheme, data_dir, t
       if steps == 4:
         data = as_path(f"{run}/checkpoints/4/data")
         assert sorted(p.name for p in data.iterdir() if p.name.endswith(".json")) == [
-            "process_0-of-2.json", "process_1-of-2.json"]
+            "shard_0-of-2.json", "shard_1-of-2.json"]
     assert checkpoint.saved_steps(f"{run}/checkpoints")[-1] == 6
     lines = [json.loads(l) for l in (as_path(run) / "metrics.jsonl").read_text().splitlines()]
     # Only process 0 writes; the second launch resumed at 4 (no second step-2 line).

@@ -43,15 +43,16 @@ def test_two_process_training_checkpoints_and_resumes(tmp_path):
   _launch(tmp_path / "split", data_dir, steps=4, checkpoint_every=4)
   step4 = tmp_path / "split" / "checkpoints" / "4" / "data"
   assert sorted(p.name for p in step4.iterdir() if p.suffix == ".json") == [
-      "process_0-of-2.json", "process_1-of-2.json"]
-  # Each host wrote the state its own slice reached after 4 steps. (The two states need not
-  # differ: they count positions within each host's slice, and when both hosts are still
-  # inside their first, long document, as with Python 3.12's stdlib, they are equal.)
+      "shard_0-of-2.json", "shard_1-of-2.json"]
+  # Each host wrote the state its own shard reached after 4 steps. (The two states need not
+  # differ: they count positions within each shard, and when both shards are still inside
+  # their first, long document, as with Python 3.12's stdlib, they are equal.)
   for i in range(2):
     with make_loader(config, process_index=i, process_count=2) as loader:
       for _ in range(4):
         next(loader)
-      assert json.loads((step4 / f"process_{i}-of-2.json").read_text()) == loader.get_state()
+      assert json.loads((step4 / f"shard_{i}-of-2.json").read_text()) == \
+          loader.shard_states()[i]
   _launch(tmp_path / "split", data_dir, steps=6, checkpoint_every=100)  # resumes at 4
   _launch(tmp_path / "straight", data_dir, steps=6, checkpoint_every=100)
   for a, b in zip(_final_params(tmp_path / "split"), _final_params(tmp_path / "straight")):

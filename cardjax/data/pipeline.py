@@ -1,18 +1,20 @@
 """grain pipelines: records -> tokens -> packed or padded rows -> per-host batches.
 
 Order is a pure function of (seed, index): the source is a random-access tfds ArrayRecord
-data source, shuffled per epoch by grain, repeated, then sliced per host
-(`process_index::process_count`), so hosts see disjoint examples and one epoch over all
-hosts covers every example once. Everything after the slice is per host:
+data source cut into data shards (contiguous record ranges, cardjax/data/shards.py), each
+shuffled per epoch by grain and repeated; a host reads its shards, so hosts see disjoint
+examples and one epoch over all hosts covers every example once. Each shard's pipeline:
 
   pretrain: text + EOS -> split into <= seq_len chunks (long documents are split, never
             dropped) -> first-fit packing with segment ids and per-document positions
   sft:      chat-rendered ids + loss mask (1 on response tokens) -> EOS-padded to a
             multiple of the MARS block size -> packed, or padded to seq_len
 
+then batches of batch_size / shards rows; a host lays its shards' batches side by side.
 Batches are dicts of int32 numpy arrays [per_host_batch, seq_len]: tokens, positions,
 segment_ids (0 = padding), loss_mask. `to_global` turns them into global jax.Arrays.
-The iterator's state (`get_state`/`set_state`) is what a checkpoint stores to resume.
+The shards' iterator states (one file per shard in a checkpoint) are what a run resumes
+from, on any number of hosts that divides the shard count.
 """
 
 from __future__ import annotations
@@ -25,13 +27,13 @@ import logging
 import weakref
 from typing import Any
 
-
 import grain
 import grain.experimental as grain_exp
 import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
+from cardjax.data import shards as data_shards
 from cardjax.data.tokenizer import Tokenizer
 from cardjax.errors import CardjaxError
 from cardjax.parallel.sharding import logical_to_spec
@@ -66,7 +68,8 @@ class PipelineSpec:
   pad_to_multiple: int = 1
   sft_overflow: str = "truncate"  # truncate | drop, for conversations longer than seq_len
   num_workers: int = 0  # grain worker processes (0 = in this process)
-  packing_bins: int = 0  # first-fit bins (0 = per-host batch size)
+  packing_bins: int = 0  # first-fit bins (0 = a shard's rows per step)
+  shards: int = 0  # data shards (cardjax/data/shards.py); 0 = one per process
   vocab_limit: int = 0  # ids must be < this (the model's vocab_size); 0 = unchecked
 
   def validate(self) -> "PipelineSpec":
@@ -241,10 +244,48 @@ def host_slice(process_index: int | None, process_count: int | None) -> tuple[in
   return index, count
 
 
-def make_dataset(source, tokenizer: Tokenizer, spec: PipelineSpec,
-                 process_index: int | None = None,
-                 process_count: int | None = None) -> grain.IterDataset:
-  """The per-host grain IterDataset of batches (dicts of [per_host_batch, seq_len])."""
+def shard_dataset(source, tokenizer: Tokenizer, spec: PipelineSpec, shard: int,
+                  shards: int) -> grain.IterDataset:
+  """The grain IterDataset of one data shard's batches (dicts of [batch_size / shards,
+  seq_len]): its contiguous range of records, shuffled with its own seed each epoch."""
+  rows = spec.batch_size // shards
+  lo, hi = data_shards.record_range(len(source), shard, shards)
+  ds = grain.MapDataset.source(source)[lo:hi]
+  if spec.shuffle:
+    ds = ds.shuffle(seed=spec.seed + shard)  # a new permutation each epoch
+  ds = ds.repeat(spec.num_epochs or None)
+  it = ds.to_iter_dataset()
+  if spec.mode == "pretrain":
+    tokenize = TokenizeText(tokenizer, spec.vocab_limit, spec.pad_to_multiple)
+    it = grain_exp.FlatMapIterDataset(it.map(tokenize), SplitLong(spec.seq_len))
+    features = ("tokens",) if spec.pad_to_multiple == 1 else ("tokens", "loss_mask")
+  else:
+    it = grain_exp.FlatMapIterDataset(it, ChatRow(tokenizer, spec, hi - lo))
+    features = ("tokens", "loss_mask")
+  if spec.packing:
+    it = grain_exp.FirstFitPackIterDataset(
+        it, length_struct={k: spec.seq_len for k in features},
+        num_packing_bins=spec.packing_bins or rows, seed=spec.seed, shuffle_bins=False)
+    it = it.map(_from_packed)
+  else:
+    it = it.map(PadRow(spec.seq_len, tokenizer.pad_id))
+  # The last batch of a finite run is filled with empty rows (segment 0, no loss), so every
+  # example is seen and every batch has the same shape.
+  return it.batch(rows).map(FillBatch(rows, tokenizer.pad_id))
+
+
+def _prefetched(it: grain.IterDataset, workers: int) -> grain.IterDataset:
+  from absl import flags
+
+  if not flags.FLAGS.is_parsed():  # grain reads its absl flags; cardjax does not use absl's
+    flags.FLAGS.mark_as_parsed()
+  return it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+
+
+def host_datasets(source, tokenizer: Tokenizer, spec: PipelineSpec,
+                  process_index: int | None = None, process_count: int | None = None,
+                  ) -> dict[int, grain.IterDataset]:
+  """{shard: its IterDataset} for the shards this host reads."""
   spec.validate()
   index, count = host_slice(process_index, process_count)
   if spec.batch_size % count:
@@ -253,37 +294,74 @@ def make_dataset(source, tokenizer: Tokenizer, spec: PipelineSpec,
   if len(source) == 0:
     raise CardjaxError("the dataset split is empty; check the files the dataset was built "
                        "from (cardjax data show NAME)")
-  per_host = spec.batch_size // count
-  ds = grain.MapDataset.source(source)
-  if spec.shuffle:
-    ds = ds.shuffle(seed=spec.seed)  # a new permutation each epoch
-  ds = ds.repeat(spec.num_epochs or None)
-  ds = ds[index::count]
-  it = ds.to_iter_dataset()
-  if spec.mode == "pretrain":
-    tokenize = TokenizeText(tokenizer, spec.vocab_limit, spec.pad_to_multiple)
-    it = grain_exp.FlatMapIterDataset(it.map(tokenize), SplitLong(spec.seq_len))
-    features = ("tokens",) if spec.pad_to_multiple == 1 else ("tokens", "loss_mask")
-  else:
-    it = grain_exp.FlatMapIterDataset(it, ChatRow(tokenizer, spec, len(source)))
-    features = ("tokens", "loss_mask")
-  if spec.packing:
-    it = grain_exp.FirstFitPackIterDataset(
-        it, length_struct={k: spec.seq_len for k in features},
-        num_packing_bins=spec.packing_bins or per_host, seed=spec.seed, shuffle_bins=False)
-    it = it.map(_from_packed)
-  else:
-    it = it.map(PadRow(spec.seq_len, tokenizer.pad_id))
-  # The last batch of a finite run is filled with empty rows (segment 0, no loss), so every
-  # example is seen and every batch has the same shape.
-  it = it.batch(per_host).map(FillBatch(per_host, tokenizer.pad_id))
-  if spec.num_workers:
-    from absl import flags
+  shards = data_shards.count(spec.shards, count, spec.batch_size)
+  mine = data_shards.owned(index, count, shards)
+  datasets = {s: shard_dataset(source, tokenizer, spec, s, shards) for s in mine}
+  if spec.num_workers:  # the workers are shared out over this host's shards
+    workers = max(1, spec.num_workers // len(mine))
+    datasets = {s: _prefetched(ds, workers) for s, ds in datasets.items()}
+  return datasets
 
-    if not flags.FLAGS.is_parsed():  # grain reads its absl flags; cardjax does not use absl's
-      flags.FLAGS.mark_as_parsed()
-    it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=spec.num_workers))
-  return it
+
+class HostBatches:
+  """This host's batches: the rows of its shards side by side, in shard order (so hosts
+  in process order give the global batch). Iterating starts the shards' iterators."""
+
+  def __init__(self, datasets: dict[int, grain.IterDataset], pad_id: int):
+    self.datasets, self.pad_id = datasets, pad_id
+
+  def __iter__(self) -> "HostIterator":
+    return HostIterator({s: iter(ds) for s, ds in self.datasets.items()}, self.pad_id)
+
+
+class HostIterator:
+  def __init__(self, iterators: dict, pad_id: int):
+    self.iterators, self.pad_id = iterators, pad_id
+    self.finished: set[int] = set()
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    parts = {}
+    for shard, it in self.iterators.items():
+      if shard not in self.finished:
+        try:
+          parts[shard] = next(it)
+        except StopIteration:  # a finite run: this shard's epoch is over before another's
+          self.finished.add(shard)
+    if not parts:
+      raise StopIteration
+    like = next(iter(parts.values()))
+    empty = {k: np.full_like(v, self.pad_id if k == "tokens" else 0) for k, v in like.items()}
+    rows = [parts.get(shard, empty) for shard in self.iterators]
+    if len(rows) == 1:
+      return rows[0]
+    return {k: np.concatenate([r[k] for r in rows]) for k in like}
+
+  def get_state(self) -> dict:
+    return {str(s): it.get_state() for s, it in self.iterators.items()}
+
+  def set_state(self, state: dict) -> None:
+    for shard, it in self.iterators.items():
+      it.set_state(state[str(shard)])
+      if hasattr(it, "start_prefetch"):
+        it.start_prefetch()
+      self.finished.discard(shard)
+
+  def close(self) -> None:
+    for it in self.iterators.values():
+      close = getattr(it, "close", None)
+      if close is not None:
+        close()
+
+
+def make_dataset(source, tokenizer: Tokenizer, spec: PipelineSpec,
+                 process_index: int | None = None,
+                 process_count: int | None = None) -> HostBatches:
+  """This host's batches (dicts of [per-host rows, seq_len]), to iterate."""
+  return HostBatches(host_datasets(source, tokenizer, spec, process_index, process_count),
+                     tokenizer.pad_id)
 
 
 def batch_sharding(mesh) -> NamedSharding:
@@ -323,7 +401,10 @@ class DataLoader:
         raise CardjaxError(
             f"data.batch_size={spec.batch_size} does not split over the {rows} devices that "
             f"hold batch rows (mesh axes {' x '.join(axes)}); use a multiple of {rows}")
-    self.dataset = make_dataset(source, tokenizer, spec, process_index, process_count)
+    index, count = host_slice(process_index, process_count)
+    self.dataset = make_dataset(source, tokenizer, spec, index, count)
+    self.shards = data_shards.count(spec.shards, count, spec.batch_size)
+    self.owned = data_shards.owned(index, count, self.shards)
     self._it = iter(self.dataset)
     _LIVE.add(self)
 
@@ -353,12 +434,18 @@ class DataLoader:
     return to_global(batch, self.mesh) if self.mesh is not None else batch
 
   def checkpoint_save(self):
-    """The orbax save argument of the iterator: every process writes its own state file
-    (process_I-of-N.json), so each host resumes its own slice."""
-    return grain.checkpoint.CheckpointSave(self._it)
+    """The orbax save argument of the iterator: every process writes the state files of
+    its shards (shard_S-of-V.json), so a run resumes on any host count dividing V."""
+    return data_shards.ShardStateSave(self)
 
   def checkpoint_restore(self):
-    return grain.checkpoint.CheckpointRestore(self._it)
+    return data_shards.ShardStateRestore(self)
+
+  def shard_states(self) -> dict[int, dict]:
+    return {int(s): state for s, state in self._it.get_state().items()}
+
+  def set_shard_states(self, states: dict[int, dict]) -> None:
+    self._it.set_state({str(s): state for s, state in states.items()})
 
   def get_state(self) -> dict:
     return self._it.get_state()

@@ -59,6 +59,13 @@ class TrainCheckpointer:
   def steps(self) -> list[int]:
     return sorted(self.mngr.all_steps())
 
+  def data_shards(self, step: int) -> int | None:
+    """How many data shards `step`'s data item holds state for (None: no data item)."""
+    from cardjax.data.shards import saved_count
+
+    folder = as_path(self.orbax_dir) / str(step) / "data"
+    return saved_count([p.name for p in folder.iterdir()]) if folder.is_dir() else None
+
   def set_aside(self, after: int) -> str:
     """Move the steps newer than `after` into WORKDIR/checkpoints_set_aside/ (a resumed
     run's next saves would meet them; they are kept, not deleted, for the user to look

@@ -32,6 +32,7 @@ from tqdm import tqdm
 from cardjax import checkpoint as model_checkpoint
 from cardjax.config import model_config
 from cardjax.data.pipeline import batch_sharding
+from cardjax.data.shards import hosts_for
 from cardjax.data.prepare import make_loader, tokenizer_source
 from cardjax.errors import CardjaxError, CheckpointError
 from cardjax.model import ModelConfig, abstract_model, cast_params, create_model
@@ -212,7 +213,7 @@ def setup(config, workdir: str | Path, mesh) -> Job:
   del model
   tx = make_optimizer(t, params)
   init_opt = sharded_init(tx, params, mesh)
-  loader = make_loader(config, mesh=mesh)
+  loader = make_loader(config, mesh=mesh, **_resumed_shards(config, ckpt, latest))
   if latest is None:
     opt_state, start = init_opt(params), 0
   else:
@@ -240,6 +241,22 @@ def setup(config, workdir: str | Path, mesh) -> Job:
              model_tokens=(config.data.batch_size * config.data.seq_len
                            * objective.stream_factor),
              peak=flops.peak_flops_per_device(), frozen=frozen, lora=spec)
+
+
+def _resumed_shards(config, ckpt: TrainCheckpointer, latest: int | None) -> dict:
+  """A resumed run reads its data in the shards it started with (their states are what
+  its checkpoint holds), on however many hosts now run it, if they divide that count."""
+  shards = ckpt.data_shards(latest) if latest is not None else None
+  if not shards:
+    return {}
+  if config.data.shards and config.data.shards != shards:
+    log.warning("data.shards=%d is ignored: this run reads its data in the %d shards it "
+                "started with", config.data.shards, shards)
+  if shards % jax.process_count():
+    raise CardjaxError(f"this run's data is read in {shards} shards (fixed when it started; "
+                       f"its checkpoints hold their states), which {jax.process_count()} hosts "
+                       f"cannot share evenly; resume it on {hosts_for(shards)} hosts")
+  return {"shards": shards}
 
 
 def _log_trainable(params, frozen, opt_state) -> None:

@@ -15,7 +15,8 @@ def eval_batches(config) -> list[dict]:
   """This host's rows of the first train.eval_steps batches of the unshuffled validation
   split, read once per run and kept in host memory: every validation scores the same
   batches, so one loader (and one tokenizer load) serves them all."""
-  with make_loader(config, split=config.data.eval_split, shuffle=False) as loader:
+  # One data shard per host: the validation split is small and never resumed.
+  with make_loader(config, split=config.data.eval_split, shuffle=False, shards=0) as loader:
     return [next(loader) for _ in range(config.train.eval_steps)]
 
 
