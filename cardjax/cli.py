@@ -103,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     args.options, unknown = flags.free_options(unknown)
   if unknown:
     parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-  logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+  # force: orbax (through absl) configures the root logger at import, which would make this
+  # call a no-op and hide every INFO line.
+  logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, force=True,
                       format="%(asctime)s %(levelname)s %(name)s: %(message)s")
   # fsspec logs at INFO for every bucket file it opens (its read-ahead cache).
   for noisy in ("absl", "jax._src", "orbax", "fsspec"):

@@ -70,6 +70,9 @@ def base_config() -> ml_collections.ConfigDict:
   # each resumable on its own; a run resumes on any host count that divides it (0 = one per
   # process at the run's start). Set it to a multiple of every host count the run may use.
   c.data.shards = 0
+  # A data_dir in a bucket: a host fetches the shard files of its data shards as it reads
+  # them, into a local cache of at most this many GB (0 = this host's share plus one file).
+  c.data.cache_gb = 0.0
   c.objective = ml_collections.ConfigDict()
   c.objective.name = "ar"  # ar | card | mars | mdlm | bd3lm
   c.objective.block_size = 4  # B: MARS / BD3LM block length (must divide data.seq_len)

@@ -16,9 +16,11 @@ from launch_helpers import ROOT, SMALL, cli, two_process_env
 
 class Hosts:
   """`cardjax train ARGS` as `count` processes of one job; each host's output goes to
-  LOGS/host_i.log (files, not pipes: a chatty host never blocks on a full pipe)."""
+  LOGS/host_i.log (files, not pipes: a chatty host never blocks on a full pipe). host_env:
+  each host's own variables (hosts of a real job are separate machines)."""
 
-  def __init__(self, count: int, args: list, logs: Path, env: dict | None = None):
+  def __init__(self, count: int, args: list, logs: Path, env: dict | None = None,
+               host_env: dict[int, dict] | None = None):
     env = two_process_env(dict(os.environ) if env is None else env)
     port = env.pop("CARDJAX_PORT")
     logs.mkdir(parents=True, exist_ok=True)
@@ -27,7 +29,7 @@ class Hosts:
     for i, log in enumerate(self.logs):
       host_env = {**env, "CARDJAX_COORDINATOR": f"127.0.0.1:{port}",
                   "CARDJAX_NUM_PROCESSES": str(count), "CARDJAX_PROCESS_ID": str(i),
-                  "JAX_PLATFORMS": "cpu"}
+                  "JAX_PLATFORMS": "cpu", **(host_env or {}).get(i, {})}
       with open(log, "w") as out:
         self.procs.append(subprocess.Popen(cli("train", *args), env=host_env, cwd=ROOT,
                                            stdout=out, stderr=subprocess.STDOUT))

@@ -85,6 +85,14 @@ class LazySource:
     name, skip, _ = self._parts[k]
     return name, skip + index - (self._ends[k - 1] if k else 0)
 
+  def files_between(self, lo: int, hi: int) -> list[str]:
+    """The shard files that hold records [lo, hi) of the split."""
+    if hi <= lo:
+      return []
+    first, last = self.locate(lo)[0], self.locate(hi - 1)[0]
+    names = [name for name, _, _ in self._parts]
+    return names[names.index(first):names.index(last) + 1]
+
   def __getitem__(self, index):
     name, position = self.locate(index)
     record = self._reader(name).read([position])[0]
@@ -148,3 +156,33 @@ def _open(path: str):
   if not reader.ok():  # the constructor does not raise on a missing or unreadable file
     raise CardjaxError(f"{path}: cannot open this cached shard file")
   return reader, os.stat(path).st_ino
+
+
+def fit_cache(source: LazySource, ranges: list[tuple[int, int]], cache_gb: float) -> None:
+  """Size `source`'s cache for a host that reads records `ranges` of it, shuffled within
+  each: with `cache_gb` 0, the files of those ranges plus the largest file (a shuffled
+  read comes back to every file of its range, so a smaller cache fetches files again and
+  again); otherwise `cache_gb` GB, with a warning when that is less than the host's share."""
+  import logging
+
+  log = logging.getLogger("cardjax.data")
+  files = sorted({f for lo, hi in ranges for f in source.files_between(lo, hi)})
+  share = sum(source.sizes[f] for f in files)
+  total, largest = sum(source.sizes.values()), max(source.sizes.values())
+  need = share + largest
+  if cache_gb:
+    source.cache.limit = int(cache_gb * 1e9)
+    if source.cache.limit < need:
+      log.warning("data.cache_gb=%g holds less than this host's share of %s (%s in %d "
+                  "files, plus one file): shuffled reads will fetch files again; raise it or "
+                  "set 0 (this host's share)", cache_gb, source.folder, _size(share),
+                  len(files))
+  else:
+    source.cache.limit = need
+  log.info("data: this host reads %d of the %d shard files of %s[%s] (%s of %s); local "
+           "cache limit %s", len(files), len(source.sizes), source.folder, source.split,
+           _size(share), _size(total), _size(source.cache.limit))
+
+
+def _size(nbytes: int) -> str:
+  return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"

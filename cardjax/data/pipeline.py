@@ -34,6 +34,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from cardjax.data import shards as data_shards
+from cardjax.data.lazy_source import LazySource, fit_cache
 from cardjax.data.tokenizer import Tokenizer
 from cardjax.errors import CardjaxError
 from cardjax.parallel.sharding import logical_to_spec
@@ -70,6 +71,7 @@ class PipelineSpec:
   num_workers: int = 0  # grain worker processes (0 = in this process)
   packing_bins: int = 0  # first-fit bins (0 = a shard's rows per step)
   shards: int = 0  # data shards (cardjax/data/shards.py); 0 = one per process
+  cache_gb: float = 0.0  # a bucket build's local shard cache (0 = this host's share)
   vocab_limit: int = 0  # ids must be < this (the model's vocab_size); 0 = unchecked
 
   def validate(self) -> "PipelineSpec":
@@ -296,6 +298,9 @@ def host_datasets(source, tokenizer: Tokenizer, spec: PipelineSpec,
                        "from (cardjax data show NAME)")
   shards = data_shards.count(spec.shards, count, spec.batch_size)
   mine = data_shards.owned(index, count, shards)
+  if isinstance(source, LazySource):  # a bucket build: fetch this host's files only
+    ranges = [data_shards.record_range(len(source), s, shards) for s in mine]
+    fit_cache(source, ranges, spec.cache_gb)
   datasets = {s: shard_dataset(source, tokenizer, spec, s, shards) for s in mine}
   if spec.num_workers:  # the workers are shared out over this host's shards
     workers = max(1, spec.num_workers // len(mine))

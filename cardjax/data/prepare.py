@@ -114,7 +114,7 @@ def pipeline_spec(config, **changes) -> PipelineSpec:
                       shuffle=d.shuffle, num_epochs=d.num_epochs, packing=d.packing,
                       pad_to_multiple=d.pad_to_multiple, sft_overflow=d.sft_overflow,
                       num_workers=d.num_workers, vocab_limit=config.model.vocab_size,
-                      shards=d.shards)
+                      shards=d.shards, cache_gb=d.cache_gb)
   if d.mode == "sft" and d.dataset not in SFT_DATASETS:
     raise CardjaxError(f"data.mode='sft' needs a conversation dataset {SFT_DATASETS}, "
                        f"got data.dataset={d.dataset!r}")
