@@ -140,6 +140,16 @@ def base_config() -> ml_collections.ConfigDict:
   #   pod job loads the compiled step instead of compiling it again
   c.train.profile_steps = ""  # "A:B": trace steps A to B into WORKDIR/profile ("" = off;
   #   `cardjax train --profile-steps A:B`, cardjax/train/profile.py)
+  # Watching a run (docs/training.md): a bucket workdir's metrics.jsonl, tensorboard/ and
+  # goodput.json are uploaded every this many seconds, checked at metrics lines (0 = at
+  # every line), in the background; also at each checkpoint and at the end.
+  c.train.metrics_sync_seconds = 60.0
+  # Touching WORKDIR/PROFILE or SIGUSR1 to any host traces this many steps on every host
+  # into WORKDIR/profile, from the step after the next metrics line (0 = off;
+  # cardjax/train/profile_demand.py).
+  c.train.profile_on_demand_steps = 5
+  c.train.trackers = ""  # comma-separated experiment trackers, of: wandb ("" = none)
+  c.train.wandb_project = "cardjax"  # the W&B project of train.trackers=wandb
   return c
 
 
@@ -320,6 +330,12 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
                       f"data.batch_size={d.batch_size}")
   if t.steps <= 0 or t.lr <= 0:
     raise ConfigError(f"config train.steps={t.steps} and train.lr={t.lr} must be > 0")
+  if t.metrics_sync_seconds < 0 or t.profile_on_demand_steps < 0:
+    raise ConfigError(f"config train.metrics_sync_seconds={t.metrics_sync_seconds} and "
+                      f"train.profile_on_demand_steps={t.profile_on_demand_steps} must be >= 0")
+  if t.trackers:  # an unknown tracker is one error naming the known ones
+    from cardjax.train.trackers import tracker_names  # (cardjax.train imports this module)
+    tracker_names(t.trackers)
   if t.resume_step < 0:
     raise ConfigError(f"config train.resume_step={t.resume_step} must be >= 0 (0: the newest "
                       "checkpoint)")

@@ -34,7 +34,7 @@ def run(args) -> int:
 
   from cardjax.config import load_config
   from cardjax.storage import check, resolve
-  from cardjax.train import Preempted, exit_codes, train
+  from cardjax.train import Preempted, exit_codes, train, trackers
   from cardjax.train.profile import parse_steps
 
   args.workdir = resolve(args.workdir)  # relative local paths: once, here
@@ -44,6 +44,7 @@ def run(args) -> int:
     overrides.append(f"--config.train.profile_steps={args.profile_steps}")
   config = load_config(args.config, overrides)
   parse_steps(config.train.profile_steps, config.train.steps)  # before a dataset build
+  trackers.check(config.train.trackers)  # (wandb installed?) and so is this
   if jax.process_count() == 1:  # one process: build a missing dataset, as tfds.load does
     from cardjax.data.prepare import prepare
     prepare(config)  # (hosts of a pod job would race on a shared data_dir: they build first)

@@ -5,14 +5,17 @@ one, else initialise from train.init_from (a HF folder, an orbax checkpoint) or 
 one jit of the step with explicit shardings and donation; the data, the validation batches,
 the metrics writer. `_loop` then runs one step at a time and after each the periodic actions
 of cardjax/train/periodic.py: the NaN check (one step late, so it never stalls the device),
-the progress bar (loss, tokens/s, MFU, ETA), metrics to WORKDIR/metrics.jsonl and
-TensorBoard, validation, checkpoints (with the data iterator) every train.checkpoint_every
+the progress bar (loss, tokens/s, MFU, ETA), metrics to WORKDIR/metrics.jsonl,
+TensorBoard and the trackers of train.trackers (each line with where the step's time went
+and the goodput so far, WORKDIR/goodput.json; a bucket workdir's uploaded while the run
+goes), validation, checkpoints (with the data iterator) every train.checkpoint_every
 steps and at the end, and a save and stop on SIGTERM (every host the same step,
 cardjax/train/preemption.py). A stall watchdog ends a run whose steps stop
 (cardjax/train/watchdog.py); CARDJAX_FAULTS makes faults on purpose (faults.py). A NaN or
 infinite loss stops the run with the last good checkpoint left as the latest.
-`--profile-steps A:B` traces steps A to B (cardjax/train/profile.py). WORKDIR may be a
-bucket URI (docs/storage.md).
+`--profile-steps A:B` traces steps A to B (cardjax/train/profile.py); WORKDIR/PROFILE or
+SIGUSR1 traces the next steps on every host (cardjax/train/profile_demand.py). WORKDIR may
+be a bucket URI (docs/storage.md).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -41,7 +45,7 @@ from cardjax.model.lora import count as param_total, nbytes
 from cardjax.model.lora_spec import spec_from_config
 from cardjax.objectives import make_objective
 from cardjax.parallel import make_mesh, use_rules
-from cardjax.train import flops, periodic, validation
+from cardjax.train import flops, goodput, periodic, profile_demand, trackers, validation
 from cardjax.train.checkpointing import TrainCheckpointer
 from cardjax.storage import checked_path, check, is_remote, resolve
 from cardjax.train.metrics import MetricsWriter, local_run_dir
@@ -51,6 +55,7 @@ from cardjax.train.faults import Faults
 from cardjax.train.preemption import PreemptionNotice
 from cardjax.train.profile import ProfileWindow, parse_steps
 from cardjax.train.step import jit_train_step, make_eval_step
+from cardjax.train.timing import StepTimes
 from cardjax.train.watchdog import STALL_EXIT_DELAY_S, StallWatchdog
 
 __all__ = ["train", "setup", "Job", "TrainingError", "Preempted"]
@@ -62,9 +67,12 @@ RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat", "attention_imp
 
 def train(config, workdir: str | Path) -> dict:
   """Run (or resume) the training job; returns the last train and eval metrics."""
+  started = time.time()  # this attempt's start, for goodput
   workdir = resolve(workdir)
-  # A bad value, an unreachable bucket, missing credentials: each fails before any work.
+  # A bad value, an unreachable bucket, missing credentials, a tracker's missing package:
+  # each fails before any work.
   profile_steps = parse_steps(config.train.profile_steps, config.train.steps)
+  trackers.check(config.train.trackers)
   for path in (workdir, config.train.init_from, config.train.lora.init_from):
     if path:
       check(path)
@@ -77,10 +85,42 @@ def train(config, workdir: str | Path) -> dict:
   mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor,
                    slices=config.mesh.slices)
   rules = config.mesh.rules or None
-  with jax.set_mesh(mesh), (use_rules(rules) if rules else contextlib.nullcontext()):
-    job = setup(config, workdir, mesh)
-    profile = ProfileWindow(profile_steps, local_run_dir(workdir) / "profile", job.start)
-    return _loop(job, profile)
+  # SIGUSR1 asks for a profile from now on (its default action would end the process).
+  requests = profile_demand.Requests(workdir, config.train.profile_on_demand_steps > 0)
+  try:
+    with jax.set_mesh(mesh), (use_rules(rules) if rules else contextlib.nullcontext()):
+      job = setup(config, workdir, mesh)
+      try:
+        _watch(job, config, workdir, started)
+      except BaseException:  # a tracker that cannot start: the run's files closed first
+        job.close()
+        raise
+      profile = ProfileWindow(profile_steps, local_run_dir(workdir) / "profile", job.start)
+      profile = profile_demand.Profiles(
+          profile, requests, config.train.profile_on_demand_steps, config.train.log_every,
+          config.train.steps, local_run_dir(workdir) / "profile", workdir)
+      return _loop(job, profile)
+  finally:
+    requests.close()
+
+
+def _watch(job, config, workdir: str, started: float) -> None:
+  """What a person watching the run sees beyond metrics.jsonl: uploads of a bucket
+  workdir's files while it runs, the goodput ledger and the trackers (process 0)."""
+  job.writer.sync_every = config.train.metrics_sync_seconds
+  if not job.writer.enabled:
+    return
+  ledger = goodput.Ledger.open(job.writer.local)
+  ledger.begin(job.start, started, goodput.attempt_from_env())
+  job.times.ledger = ledger
+
+  def finish():
+    line = ledger.close(time.time())
+    log.info(line)
+    print(line, flush=True)
+
+  job.writer.closing.append(finish)
+  job.writer.trackers = trackers.make(config, job.writer.local, workdir)
 
 
 @dataclasses.dataclass
@@ -106,13 +146,15 @@ class Job:
   peak: float | None  # one device's peak FLOP/s, where known
   flops_per_step: float | None = None  # measured on the first batch
   metrics: dict = dataclasses.field(default_factory=dict)  # the newest step's, on device
+  times: StepTimes = dataclasses.field(default_factory=StepTimes)  # where the time goes
   frozen: Any = dataclasses.field(default_factory=dict)  # LoRA's base weights; {} otherwise
   lora: Any = None  # the LoraSpec of a LoRA run
 
   def advance(self, step: int) -> None:
     """Runs step `step` (counted from 1, as metrics.jsonl counts): dispatched, not waited
     for."""
-    batch = next(self.loader)
+    with self.times.adding("data_wait"):
+      batch = next(self.loader)
     if self.flops_per_step is None:
       # This host's rows (a global array is not fully addressable on a pod).
       local = {k: np.asarray(v.addressable_shards[0].data) for k, v in batch.items()}
@@ -287,7 +329,7 @@ def _resume_step(ckpt: TrainCheckpointer, wanted: int) -> int | None:
   return wanted
 
 
-def _loop(job: Job, profile: ProfileWindow) -> dict:
+def _loop(job: Job, profile: profile_demand.Profiles) -> dict:
   """Steps job.start + 1 to train.steps, each followed by the periodic actions due."""
   t = job.config.train
   bar = tqdm(total=t.steps, initial=job.start,
@@ -296,7 +338,7 @@ def _loop(job: Job, profile: ProfileWindow) -> dict:
   clock = periodic.Clock(job.start)
   if job.start and jax.process_index() == 0:  # by default, not only in the INFO log
     print(f"resuming from step {job.start} of {t.steps}", flush=True)
-  finite = periodic.FiniteLoss(job.ckpt)
+  finite = periodic.FiniteLoss(job.ckpt, job.times)
   log_line = periodic.Log(t.log_every, t.steps, finite, clock, bar)
   validate = periodic.Validate(t.eval_every, t.steps, t.log_every, clock)
   faults = Faults.from_env()
@@ -316,6 +358,7 @@ def _loop(job: Job, profile: ProfileWindow) -> dict:
           if action.due(step):
             action.run(job, step)
         watchdog.beat()  # FiniteLoss waited for the step before: the device moves on
+        job.times.step_done(step)  # its time, for goodput
   finally:
     profile.close()
     bar.close()

@@ -3,12 +3,15 @@ every step. Each has `due(step)` and `run(job, step)`, where `step` is the numbe
 done (the step of metrics.jsonl lines and checkpoints) and `job` the run that
 cardjax/train/loop.py set up.
 
-In list order: the NaN check, the progress bar, the end of a profile window, a metrics line,
-validation, a checkpoint, a stop on preemption.
+In list order: the NaN check, the progress bar, the profiles (a window's end, an on-demand
+request agreed), a metrics line, validation, a checkpoint, a stop on preemption. Where the
+time goes (data, the device, the host; checkpoints and validations) is counted in the
+job's StepTimes (cardjax/train/timing.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -46,8 +49,9 @@ class FiniteLoss:
   dispatched, so checking never stalls the device; `now()` checks the newest step's loss
   at once, for the actions that must not record a bad step (a metrics line, a save)."""
 
-  def __init__(self, ckpt):
+  def __init__(self, ckpt, times=None):
     self.ckpt = ckpt
+    self.times = times  # the job's StepTimes: the wait for the loss is the device's
     self.pending = None  # (step, metrics on the device, objective) of the newest step
 
   def due(self, step: int) -> bool:
@@ -62,7 +66,8 @@ class FiniteLoss:
     self._check(*self.pending)
 
   def _check(self, step: int, metrics: dict, objective=None) -> None:
-    value = float(metrics["loss"])
+    with (self.times.adding("device_wait") if self.times else contextlib.nullcontext()):
+      value = float(metrics["loss"])
     if not math.isfinite(value):
       good = self.ckpt.latest_step()
       # An objective that makes a loss NaN on purpose (MARS's compact stream, a row that
@@ -93,20 +98,21 @@ class Clock:
   def __init__(self, step: int):
     self.time, self.step = time.perf_counter(), step
 
-  def rate(self, step: int) -> float:
-    """Steps per second since the last call, which starts the next interval."""
+  def lap(self, step: int) -> tuple[int, float]:
+    """(steps, seconds) since the last call, which starts the next interval."""
     now = time.perf_counter()
-    rate = (step - self.step) / max(now - self.time, 1e-9)
+    lap = (step - self.step, now - self.time)
     self.time, self.step = now, step
-    return rate
+    return lap
 
   def restart(self) -> None:
     self.time = time.perf_counter()
 
 
 class Log:
-  """A metrics line (metrics.jsonl, TensorBoard) every train.log_every steps and at the end:
-  the step's metrics, tokens/s, the learning rate it used and MFU."""
+  """A metrics line (metrics.jsonl, TensorBoard, trackers) every train.log_every steps and at
+  the end: the step's metrics, tokens/s, the learning rate it used, MFU, where the time per
+  step went (cardjax/train/timing.py) and goodput so far (cardjax/train/goodput.py)."""
 
   def __init__(self, every: int, last: int, finite: FiniteLoss, clock: Clock, bar):
     self.every, self.last_step = every, last
@@ -118,12 +124,18 @@ class Log:
 
   def run(self, job, step: int) -> None:
     self.finite.now()
-    values = {k: float(v) for k, v in jax.device_get(job.metrics).items()}
-    steps_s = self.clock.rate(step)
+    with job.times.adding("device_wait"):
+      values = {k: float(v) for k, v in jax.device_get(job.metrics).items()}
+    steps, seconds = self.clock.lap(step)
+    steps_s = steps / max(seconds, 1e-9)
     values["tokens_per_s"] = steps_s * job.model_tokens
     values["lr"] = float(job.schedule(step - 1))  # the rate this step used
     if job.peak:
       values["mfu"] = steps_s * job.flops_per_step / (job.peak * jax.device_count())
+    values.update(job.times.line(steps, seconds))
+    if job.times.ledger is not None:  # process 0: written before the line asks for an upload
+      values["goodput"] = job.times.ledger.goodput(time.time())
+      job.times.ledger.save()
     job.writer.write(step, values)
     self.bar.set_postfix(loss=f"{values['loss']:.3f}", tok_s=f"{values['tokens_per_s']:,.0f}",
                          **({"mfu": f"{values['mfu']:.1%}"} if "mfu" in values else {}))
@@ -141,8 +153,9 @@ class Validate:
     return every(self.every, step, self.last_step)
 
   def run(self, job, step: int) -> None:
-    self.values = validation.evaluate(job.eval_fn, job.params, job.eval_batches, job.mesh,
-                                      job.frozen)
+    with job.times.adding("aside"):  # not step time (goodput)
+      self.values = validation.evaluate(job.eval_fn, job.params, job.eval_batches, job.mesh,
+                                        job.frozen)
     job.writer.write(step, self.values, prefix="eval")
     log.info("step %d eval: %s", step, {k: round(v, 4) for k, v in self.values.items()})
     if step % self.log_every == 0:  # validation time is not training throughput
@@ -160,7 +173,8 @@ class Save:
 
   def run(self, job, step: int) -> None:
     self.finite.now()
-    job.save(step)
+    with job.times.adding("aside"):  # not step time (goodput)
+      job.save(step)
 
 
 class StopOnPreemption:
