@@ -114,10 +114,8 @@ def _watch(job, config, workdir: str, started: float) -> None:
   ledger.begin(job.start, started, goodput.attempt_from_env())
   job.times.ledger = ledger
 
-  def finish():
-    line = ledger.close(time.time())
-    log.info(line)
-    print(line, flush=True)
+  def finish():  # on the terminal, as the resume line is, not twice through the log
+    print(ledger.close(time.time()), flush=True)
 
   job.writer.closing.append(finish)
   job.writer.trackers = trackers.make(config, job.writer.local, workdir)

@@ -167,10 +167,7 @@ class Profiles:
     if jax.process_count() > 1:
       folder = folder / f"process_{jax.process_index()}"
     self.window = ProfileWindow((first, last), folder, start=step)
-    line = f"profiling steps {first}:{last} on every host, as asked, into {folder}"
-    log.info(line)
-    if jax.process_index() == 0:  # on the terminal too, as the resume line is
-      print(line, flush=True)
+    log.info("profiling steps %d:%d on every host, as asked, into %s", first, last, folder)
 
   def _upload(self, window: ProfileWindow) -> None:
     """Another host's trace to a bucket workdir (process 0's goes with the metrics)."""
