@@ -211,7 +211,8 @@ def test_a_bucket_run_uploads_its_metrics_before_its_first_checkpoint(data_dir, 
 
 
 def _bucket_lines(run):
-  path = as_path(run) / "metrics.jsonl"
-  if not path.exists():
+  try:
+    text = (as_path(run) / "metrics.jsonl").read_text()
+  except OSError:  # not there yet, or replaced by an upload while read: the caller waits
     return []
-  return [json.loads(l) for l in path.read_text().splitlines() if "train/loss" in l]
+  return [json.loads(l) for l in text.splitlines() if "train/loss" in l]

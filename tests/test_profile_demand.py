@@ -140,10 +140,16 @@ def _files(folder):
 def _wait_for_line(run, step, hosts, timeout=300):
   """Until metrics.jsonl (the bucket's, uploaded while the job runs) has a line of `step`."""
   deadline = time.monotonic() + timeout
-  path = as_path(run) / "metrics.jsonl"
-  while not (path.exists() and any(json.loads(l)["step"] >= step
-                                   for l in path.read_text().splitlines() if l.strip())):
+  while _last_step(as_path(run) / "metrics.jsonl") < step:
     if any(p.poll() is not None for p in hosts.procs) or time.monotonic() > deadline:
       hosts.kill()
       raise AssertionError(f"the job did not reach step {step}:\n{hosts.tail()}")
     time.sleep(0.2)
+
+
+def _last_step(path) -> int:
+  try:
+    text = path.read_text()
+  except OSError:  # not there yet, or replaced by an upload while read (s3fs: FileExpired)
+    return 0
+  return max([json.loads(l)["step"] for l in text.splitlines() if l.strip()], default=0)
