@@ -33,9 +33,12 @@ _REOPENS = 5  # listings of a checkpoints folder a writer keeps pruning
 
 
 def manager(directory: str | Path, max_to_keep: int | None = None, create: bool = True,
-            async_save: bool = False) -> ocp.CheckpointManager:
+            async_save: bool = False, preservation=None) -> ocp.CheckpointManager:
+  """preservation: an orbax preservation policy, instead of max_to_keep (which steps the
+  manager keeps when it saves)."""
   options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create,
-                                         enable_async_checkpointing=async_save)
+                                         enable_async_checkpointing=async_save,
+                                         preservation_policy=preservation)
   if scheme(directory) == "s3":  # orbax cannot write s3:// (see cardjax/storage/staged.py)
     raise ValueError(f"{directory}: open s3:// checkpoints through StagedCheckpoints")
   # Opening lists the steps, then reads each one's metadata. A live run that keeps only its

@@ -104,12 +104,17 @@ def main(argv: list[str] | None = None) -> int:
   if unknown:
     parser.error(f"unrecognized arguments: {' '.join(unknown)}")
   # force: orbax (through absl) configures the root logger at import, which would make this
-  # call a no-op and hide every INFO line.
-  logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, force=True,
+  # call a no-op and hide cardjax's INFO lines. Other libraries log from WARNING up (all of
+  # it with --verbose).
+  logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, force=True,
                       format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  logging.getLogger("cardjax").setLevel(logging.DEBUG if args.verbose else logging.INFO)
   # fsspec logs at INFO for every bucket file it opens (its read-ahead cache).
   for noisy in ("absl", "jax._src", "orbax", "fsspec"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
+  # google.auth warns of each credential source it tries; a bucket without credentials is
+  # one cardjax error that says what to do (cardjax/storage/reach.py).
+  logging.getLogger("google.auth").setLevel(logging.ERROR)
   module = importlib.import_module(command.module)
   try:
     if args.overrides and not command.overrides:

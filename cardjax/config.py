@@ -113,7 +113,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.eval_every = 0  # steps between validations; 0 = only at the end
   c.train.eval_steps = 4  # validation batches (from data.eval_split)
   c.train.checkpoint_every = 100  # steps between checkpoints (and one at the end)
-  c.train.keep_checkpoints = 3  # newest checkpoints kept
+  c.train.keep_checkpoints = 3  # newest of those kept (and always the newest of all)
+  c.train.checkpoint_minutes = 0.0  # also a save every this many minutes, kept until a
+  #   newer step exists (0 = off; cardjax/train/timed_save.py)
+  c.train.keep_every = 0  # milestones: every multiple of this many steps is kept for good
   c.train.async_checkpoint = True  # write checkpoints in the background
   c.train.init_from = ""  # "" = random init | a HF folder | an orbax checkpoint folder
   # An existing run resumes from its newest checkpoint; N > 0 resumes from step N instead
@@ -336,6 +339,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if t.trackers:  # an unknown tracker is one error naming the known ones
     from cardjax.train.trackers import tracker_names  # (cardjax.train imports this module)
     tracker_names(t.trackers)
+  if t.checkpoint_minutes < 0 or t.keep_every < 0:
+    raise ConfigError(f"config train.checkpoint_minutes={t.checkpoint_minutes} and "
+                      f"train.keep_every={t.keep_every} must be >= 0 (0 = off)")
   if t.resume_step < 0:
     raise ConfigError(f"config train.resume_step={t.resume_step} must be >= 0 (0: the newest "
                       "checkpoint)")

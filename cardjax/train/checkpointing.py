@@ -7,17 +7,24 @@ are its adapters, and its `lora` item (JSON) holds their spec and the base's pat
 
 Saves are asynchronous; orbax writes each step to a temporary folder and renames it only
 when complete, so a crash, SIGTERM or full disk during a save leaves the previous step as
-the latest. On s3:// orbax writes to a local staging folder and each step is uploaded once
-saved, its commit marker last (synchronously: the upload needs the finished step),
-cardjax/storage/staged.py.
+the latest. On s3:// orbax writes to a local staging folder (the step waits for that) and
+each step is then uploaded by a background thread, its commit marker last
+(cardjax/storage/staged.py); the next save, a stop and the end of the run wait for it.
+
+Which steps are kept (`retention`): the newest step always; the newest `keep` of the
+regular saves (steps that are multiples of train.checkpoint_every); every multiple of
+train.keep_every, for good. A save at any other step (time-based, at preemption, the end
+of a run whose length is no multiple) is kept until a newer step exists.
 """
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import jax
 import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as policies
 
 from cardjax.checkpoint import manager
 from cardjax.errors import CheckpointError
@@ -31,10 +38,24 @@ def _barrier(name: str) -> None:
     multihost_utils.sync_global_devices(name)
 
 
+def retention(every: int, keep: int, keep_every: int = 0):
+  """The orbax preservation policy of a training run (see the module docstring)."""
+  kept = [policies.LatestN(n=1)]
+  if every > 0:
+    kept.append(policies.EveryNSteps(interval_steps=every, max_to_keep=keep or None))
+  if keep_every > 0:
+    kept.append(policies.EveryNSteps(interval_steps=keep_every))
+  return policies.AnyPreservationPolicy(policies=kept)
+
+
 class TrainCheckpointer:
-  def __init__(self, directory: str | Path, keep: int, async_save: bool):
+  def __init__(self, directory: str | Path, keep: int, async_save: bool, every: int = 0,
+               keep_every: int = 0):
     self.directory = resolve(directory)  # where the steps are kept: local or a bucket URI
     self.keep = keep
+    self.policy = retention(every, keep, keep_every)
+    self.upload: threading.Thread | None = None  # s3: the step being uploaded
+    self.upload_error: BaseException | None = None
     self.staged = StagedCheckpoints(self.directory) if scheme(self.directory) == "s3" else None
     self.orbax_dir = self.directory  # what orbax reads and writes
     if self.staged is not None:
@@ -51,7 +72,7 @@ class TrainCheckpointer:
       self.orbax_dir = str(self.staged.local)
       async_save = False
     self.async_save = async_save
-    self.mngr = manager(self.orbax_dir, max_to_keep=keep, async_save=async_save)
+    self.mngr = manager(self.orbax_dir, async_save=async_save, preservation=self.policy)
 
   def latest_step(self) -> int | None:
     return self.mngr.latest_step()
@@ -82,7 +103,7 @@ class TrainCheckpointer:
           (as_path(self.orbax_dir) / str(step)).rename(aside / str(step))
     _barrier("cardjax-set-aside")
     self.mngr.close()  # it listed the moved steps: a fresh one reads the folder again
-    self.mngr = manager(self.orbax_dir, max_to_keep=self.keep, async_save=self.async_save)
+    self.mngr = manager(self.orbax_dir, async_save=self.async_save, preservation=self.policy)
     return str(aside)
 
   def save(self, step: int, params, opt_state, loader, config, model_cfg,
@@ -95,11 +116,30 @@ class TrainCheckpointer:
                  model_config=ocp.args.JsonSave(model_cfg.to_dict()))
     if lora is not None:
       items["lora"] = ocp.args.JsonSave(lora)
+    self.wait_upload()  # one upload at a time, in step order
     self.mngr.save(step, args=ocp.args.Composite(**items), force=True)
     if self.staged is not None:
-      self.mngr.wait_until_finished()
+      self.mngr.wait_until_finished()  # the step is whole in the staging folder
       if jax.process_index() == 0:
-        self.staged.push(step, keep=self.keep)
+        kept = set(self.steps())  # the bucket keeps what the retention left here
+        self.upload = threading.Thread(target=self._push, args=(step, kept),
+                                       name=f"cardjax-upload-{step}", daemon=True)
+        self.upload.start()
+
+  def _push(self, step: int, kept: set[int]) -> None:
+    try:
+      self.staged.push(step, kept=kept)
+    except BaseException as e:  # raised in the training thread by wait_upload
+      self.upload_error = e
+
+  def wait_upload(self) -> None:
+    """Until the step being uploaded to s3:// is committed there; its error, if any."""
+    if self.upload is not None:
+      self.upload.join()
+      self.upload = None
+    if self.upload_error is not None:
+      error, self.upload_error = self.upload_error, None
+      raise error
 
   def restore(self, step: int, params_target, opt_target, loader):
     """(params, opt_state) of `step`, each array in its target's sharding; `loader` is put
@@ -132,7 +172,9 @@ class TrainCheckpointer:
 
   def wait(self) -> None:
     self.mngr.wait_until_finished()
+    self.wait_upload()
 
   def close(self) -> None:
     self.mngr.wait_until_finished()
+    self.wait_upload()
     self.mngr.close()

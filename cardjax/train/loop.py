@@ -55,6 +55,7 @@ from cardjax.train.faults import Faults
 from cardjax.train.preemption import PreemptionNotice
 from cardjax.train.profile import ProfileWindow, parse_steps
 from cardjax.train.step import jit_train_step, make_eval_step
+from cardjax.train.timed_save import TimedSave
 from cardjax.train.timing import StepTimes
 from cardjax.train.watchdog import STALL_EXIT_DELAY_S, StallWatchdog
 
@@ -211,7 +212,8 @@ def setup(config, workdir: str | Path, mesh) -> Job:
   metrics writer of a run, inside `mesh` (and its sharding rules)."""
   t = config.train
   workdir = resolve(workdir)
-  ckpt = TrainCheckpointer(f"{workdir}/checkpoints", t.keep_checkpoints, t.async_checkpoint)
+  ckpt = TrainCheckpointer(f"{workdir}/checkpoints", t.keep_checkpoints, t.async_checkpoint,
+                           every=t.checkpoint_every, keep_every=t.keep_every)
   # The tokenizer travels with the checkpoints: export-hf then writes a complete HF folder
   # and generate needs no data dir.
   model_checkpoint.copy_assets(ckpt.directory, tokenizer_source(config))
@@ -346,6 +348,7 @@ def _loop(job: Job, profile: profile_demand.Profiles) -> dict:
     with PreemptionNotice() as notice, watchdog:
       actions = [finite, periodic.Progress(bar), profile, log_line, validate,
                  periodic.Save(t.checkpoint_every, t.steps, finite),
+                 TimedSave(t.checkpoint_minutes, job.start, finite),
                  periodic.StopOnPreemption(notice, finite)]
       for step in range(job.start + 1, t.steps + 1):  # numbered as metrics.jsonl numbers them
         faults.before(step)
