@@ -90,6 +90,22 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
   return parser
 
 
+def _configure_logging(verbose: bool) -> None:
+  """cardjax's INFO lines (all of them with --verbose), other libraries' from WARNING up.
+  orbax's import (through absl) has usually given the root logger a plain stderr handler
+  already, which makes basicConfig a no-op: that handler gets the format instead (handlers
+  others put there, such as pytest's, are left alone)."""
+  root = logging.getLogger()
+  fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+  if not root.handlers:
+    logging.basicConfig()
+  for handler in root.handlers:
+    if type(handler) is logging.StreamHandler:
+      handler.setFormatter(fmt)
+  root.setLevel(logging.DEBUG if verbose else logging.WARNING)
+  logging.getLogger("cardjax").setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   parser = build_parser(argv)
@@ -103,12 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     args.options, unknown = flags.free_options(unknown)
   if unknown:
     parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-  # force: orbax (through absl) configures the root logger at import, which would make this
-  # call a no-op and hide cardjax's INFO lines. Other libraries log from WARNING up (all of
-  # it with --verbose).
-  logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, force=True,
-                      format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-  logging.getLogger("cardjax").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+  _configure_logging(args.verbose)
   # fsspec logs at INFO for every bucket file it opens (its read-ahead cache).
   for noisy in ("absl", "jax._src", "orbax", "fsspec"):
     logging.getLogger(noisy).setLevel(logging.WARNING)

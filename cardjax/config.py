@@ -156,6 +156,20 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+# The experiment trackers of train.trackers (cardjax/train/trackers.py): how to install each.
+TRACKERS = {"wandb": "pip install 'cardjax[wandb]'"}
+
+
+def tracker_names(text: str) -> list[str]:
+  """The names in `text`; an unknown one is a ConfigError listing the known ones."""
+  names = [n.strip() for n in str(text).split(",") if n.strip()]
+  unknown = [n for n in names if n not in TRACKERS]
+  if unknown:
+    raise ConfigError(f"config train.trackers={text!r}: unknown tracker "
+                      f"{', '.join(map(repr, unknown))}; known: {', '.join(TRACKERS)}")
+  return names
+
+
 # Sections whose keys belong to someone else (a dataset builder checks its own options).
 FREE_FORM = ("data.options",)
 
@@ -337,7 +351,6 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     raise ConfigError(f"config train.metrics_sync_seconds={t.metrics_sync_seconds} and "
                       f"train.profile_on_demand_steps={t.profile_on_demand_steps} must be >= 0")
   if t.trackers:  # an unknown tracker is one error naming the known ones
-    from cardjax.train.trackers import tracker_names  # (cardjax.train imports this module)
     tracker_names(t.trackers)
   if t.checkpoint_minutes < 0 or t.keep_every < 0:
     raise ConfigError(f"config train.checkpoint_minutes={t.checkpoint_minutes} and "

@@ -51,6 +51,9 @@ def get_config():
   c.data.seq_len = 2048
   c.data.batch_size = 1024
   c.data.num_workers = 8
+  # 64 data shards: the run resumes on 1 to 64 hosts (v5p-128 has 16; a smaller or larger
+  # slice after a preemption), each host reading only its shards' files of a bucket build.
+  c.data.shards = 64
   c.train.steps = 143_051
   c.train.lr = 4e-4
   c.train.warmup_steps = 2000
@@ -62,5 +65,7 @@ def get_config():
   c.train.eval_every = 2000
   c.train.eval_steps = 50
   c.train.checkpoint_every = 2000
+  c.train.checkpoint_minutes = 30.0  # at most half an hour lost to a crash without warning
+  c.train.keep_every = 20_000  # milestones kept for good (a rollback or an ablation point)
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
   return c

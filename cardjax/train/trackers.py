@@ -21,20 +21,10 @@ import secrets
 import string
 from pathlib import Path
 
-from cardjax.errors import CardjaxError, ConfigError
+from cardjax.config import TRACKERS, tracker_names
+from cardjax.errors import CardjaxError
 
 log = logging.getLogger("cardjax.train")
-KNOWN = {"wandb": "pip install 'cardjax[wandb]'"}  # name: how to install its package
-
-
-def tracker_names(text: str) -> list[str]:
-  """The names in `text`; an unknown one is a ConfigError listing the known ones."""
-  names = [n.strip() for n in str(text).split(",") if n.strip()]
-  unknown = [n for n in names if n not in KNOWN]
-  if unknown:
-    raise ConfigError(f"config train.trackers={text!r}: unknown tracker "
-                      f"{', '.join(map(repr, unknown))}; known: {', '.join(KNOWN)}")
-  return names
 
 
 def check(text: str) -> list[str]:
@@ -43,7 +33,7 @@ def check(text: str) -> list[str]:
   for name in names:
     if importlib.util.find_spec(name) is None:
       raise CardjaxError(f"config train.trackers={text!r}: the {name} package is not "
-                         f"installed; {KNOWN[name]}")
+                         f"installed; {TRACKERS[name]}")
   return names
 
 

@@ -96,13 +96,19 @@ class StallWatchdog:
               "train.stall_timeout) after %d steps in this process; the stack of every "
               "thread follows; exiting with status %d for the launcher to restart", waited,
               limit, self.steps, STALLED)
-    for handler in logging.getLogger().handlers + log.handlers:
-      handler.flush()
-    sys.stderr.flush()
     try:
-      faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-    except (AttributeError, ValueError, OSError):  # a stderr without a file descriptor
-      faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
-    sys.stderr.flush()
-    time.sleep(self.exit_delay)
-    self.exit(STALLED)
+      for stream in [h for h in logging.getLogger().handlers + log.handlers] + [sys.stderr]:
+        try:
+          stream.flush()
+        except (AttributeError, ValueError, OSError):  # a stream closed under us
+          pass
+      for out in (sys.stderr, sys.__stderr__):  # the first that has a file descriptor
+        try:
+          faulthandler.dump_traceback(file=out, all_threads=True)
+          out.flush()
+          break
+        except (AttributeError, ValueError, OSError):
+          continue
+    finally:  # whatever the dump met, the process ends
+      time.sleep(self.exit_delay)
+      self.exit(STALLED)
