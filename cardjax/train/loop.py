@@ -57,7 +57,7 @@ from cardjax.train.profile import ProfileWindow, parse_steps
 from cardjax.train.step import jit_train_step, make_eval_step
 from cardjax.train.timed_save import TimedSave
 from cardjax.train.timing import StepTimes
-from cardjax.train.watchdog import STALL_EXIT_DELAY_S, StallWatchdog
+from cardjax.train.watchdog import StallWatchdog, exit_delay
 
 __all__ = ["train", "setup", "Job", "TrainingError", "Preempted"]
 
@@ -344,7 +344,7 @@ def _loop(job: Job, profile: profile_demand.Profiles) -> dict:
   faults = Faults.from_env()
   try:
     watchdog = StallWatchdog(t.stall_timeout, t.stall_first_timeout,
-                             exit_delay=STALL_EXIT_DELAY_S if jax.process_count() > 1 else 0)
+                             exit_delay=exit_delay(jax.process_index(), jax.process_count()))
     with PreemptionNotice() as notice, watchdog:
       actions = [finite, periodic.Progress(bar), profile, log_line, validate,
                  periodic.Save(t.checkpoint_every, t.steps, finite),

@@ -34,15 +34,23 @@ WINDOW = 50  # step intervals the median is taken over
 STALL_EXIT_DELAY_S = 10.0  # each host of a job, after its dump (see StallWatchdog)
 
 
+def exit_delay(process_index: int, process_count: int) -> float:
+  """How long a host waits after its dump before it exits (see StallWatchdog)."""
+  if process_count == 1:
+    return 0.0
+  return STALL_EXIT_DELAY_S * (2 if process_index == 0 else 1)
+
+
 class StallWatchdog:
   def __init__(self, timeout: float, first_timeout: float, exit=os._exit,
                exit_delay: float = 0.0):
     self.timeout, self.first_timeout = float(timeout), float(first_timeout)
     self.exit = exit  # how the process ends (a test passes its own)
     # A host that ends breaks the others' collectives (and process 0's end, their
-    # runtime), which would end them with an error instead of their own stacks. Each host
-    # of a job finds the stall within a step of the others, so each waits this long after
-    # its dump: every host has written its stacks before the first one leaves.
+    # runtime), which would end them with an error instead of their own stacks and status.
+    # Each host of a job finds the stall within a step of the others, so each waits this
+    # long after its dump (every host has written its stacks before the first one leaves),
+    # and process 0, which holds the coordination service, twice as long (it leaves last).
     self.exit_delay = exit_delay
     self.intervals: list[float] = []
     self.last = time.monotonic()
