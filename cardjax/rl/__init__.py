@@ -1,0 +1,1 @@
+"""Post-training with rewards (GRPO and its variants) over cardjax's own trainer."""
