@@ -46,12 +46,48 @@ def problem(seed: int, index: int) -> dict:
   return {"prompt": question, "response": response, "answer": str(value)}
 
 
-def split(seed: int, size: int, exclude: set[str] | None = None, offset: int = 0) -> list[dict]:
-  """`size` distinct problems; questions in `exclude` (another split's) are skipped."""
+def hard_problem(seed: int, index: int) -> dict:
+  """A harder problem for RL to have room: 4-6 steps over two-digit numbers, multiplying by
+  2 to 5, in the same words and the same worked format as `problem`."""
+  rng = random.Random(f"arith-hard:{seed}:{index}")
+  name, item = rng.choice(NAMES), rng.choice(ITEMS)
+  value = rng.randint(10, 99)
+  story = [f"{name} has {value} {item}."]
+  work = [f"{name} starts with {value} {item}."]
+  for _ in range(rng.randint(4, 6)):
+    op = rng.choice(("add", "sub", "mul") if value < 200 else ("add", "sub"))
+    if op == "add":
+      n = rng.randint(10, 99)
+      story.append(f"Then {name} gets {n} more.")
+      work.append(f"{value} + {n} = {value + n}.")
+      value += n
+    elif op == "sub" and value > 1:
+      n = rng.randint(1, value - 1)
+      story.append(f"Then {name} gives away {n}.")
+      work.append(f"{value} - {n} = {value - n}.")
+      value -= n
+    else:
+      n = rng.randint(2, 5)
+      story.append(f"Then the {item} grow {n} times as many.")
+      work.append(f"{value} * {n} = {value * n}.")
+      value *= n
+  question = " ".join(story) + f" How many {item} does {name} have now?"
+  response = " ".join(work) + f" The answer is {value}."
+  return {"prompt": question, "response": response, "answer": str(value)}
+
+
+LEVELS = {"easy": problem, "hard": hard_problem}
+
+
+def split(seed: int, size: int, exclude: set[str] | None = None, offset: int = 0,
+          level: str = "easy") -> list[dict]:
+  """`size` distinct problems of `level` (easy: `problem`, hard: `hard_problem`); questions
+  in `exclude` (another split's) are skipped."""
+  make = LEVELS[level]
   seen = set(exclude or ())
   out, index = [], offset
   while len(out) < size:
-    p = problem(seed, index)
+    p = make(seed, index)
     index += 1
     if p["prompt"] not in seen:
       seen.add(p["prompt"])
