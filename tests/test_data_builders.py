@@ -12,7 +12,7 @@ from cardjax.data.builders import (BUILDERS, build, decode, load_source, make_bu
                                    make_config)
 from cardjax.data.builders.common import in_validation
 from cardjax.data.builders.python_stdlib import stdlib_files
-from cardjax.errors import CardjaxError
+from cardjax.errors import CardjaxError, ConfigError
 
 
 def read_all(name, data_dir, **options) -> dict[str, list[dict]]:
@@ -268,6 +268,23 @@ def test_arith_sft_splits_are_disjoint_and_graded(tmp_path):
   build("arith_sft", tmp_path / "b", **small)
   other = read_all("arith_sft", tmp_path / "b", **small)
   assert {e["messages"][0]["content"] for e in other["test"]} == questions["test"]
+
+
+def test_arith_sft_hard_level_and_the_easy_names_unchanged(tmp_path):
+  from cardjax.data.builders.arith_sft import ArithSftConfig
+  # The easy level's build names are those of the builds made before levels existed.
+  assert ArithSftConfig().name == "train20000_test500_seed0_89c9b6d3bd"
+  assert ArithSftConfig(level="easy", train_size=100, test_size=20, seed=3).name == \
+      "train100_test20_seed3_0633add247"
+  opts = dict(train_size="60", test_size="20", seed="1", level="hard")
+  build("arith_sft", tmp_path, **opts)
+  got = read_all("arith_sft", tmp_path, **opts)
+  steps = [len(arith.STEP.findall(ex["messages"][1]["content"])) for ex in got["train"]]
+  assert min(steps) >= 4 and len(got["test"]) == 20
+  assert not ({e["messages"][0]["content"] for e in got["train"]}
+              & {e["messages"][0]["content"] for e in got["test"]})
+  with pytest.raises(ConfigError, match="level must be one of easy, hard"):
+    ArithSftConfig(level="medium")
 
 
 def test_arith_sft_feeds_grain(tmp_path):
