@@ -1,6 +1,7 @@
 """SIGTERM on a multi-host job: every host saves the same step and exits 143, whether the
-signal reaches all hosts half a second apart (a slice being reclaimed) or one host only;
-the resumed job ends with the weights of a job that never stopped, bit for bit. Real
+signal reaches all hosts half a second apart (a slice being reclaimed) or one host only,
+and a second SIGTERM while they stop changes nothing; the resumed job ends with the weights
+of a job that never stopped, bit for bit. Real
 processes over gloo, as launch/local.sh starts them."""
 
 import signal
@@ -38,6 +39,9 @@ def test_sigterm_saves_one_step_on_every_host_and_resumes_exactly(data_dir, tmp_
     if i:
       time.sleep(0.5)
     hosts.procs[host].send_signal(signal.SIGTERM)
+  time.sleep(0.3)  # a second signal to the first host, while the hosts stop and save
+  if hosts.procs[signalled[0]].poll() is None:
+    hosts.procs[signalled[0]].send_signal(signal.SIGTERM)
   codes = hosts.wait(timeout=60)
   stopped = time.monotonic() - start
   assert codes == [exit_codes.PREEMPTED] * 2, hosts.tail()
