@@ -8,6 +8,7 @@ construction (no question text appears in both).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 
@@ -17,17 +18,40 @@ ANSWER = re.compile(r"The answer is (-?\d+)\.")
 STEP = re.compile(r"(-?\d+) ([-+*]) (-?\d+) = (-?\d+)\.")
 
 
-def problem(seed: int, index: int) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Level:
+  """How a level's problems are drawn (the draws are made in the same order for every
+  level, so the easy level's problems are those of before levels existed)."""
+  key: str  # the random stream's name
+  start: tuple[int, int]  # the first amount
+  steps: tuple[int, int]
+  add: tuple[int, int]  # what "gets N more" adds
+  times: tuple[int, int]  # what a multiplication multiplies by
+  mul_below: int  # multiply only amounts below this
+  doubles: bool  # a multiplication's words: "double"/"triple", else "grow N times as many"
+
+  def grows(self, item: str, n: int) -> str:
+    if self.doubles:
+      return f"Then the {item} {'double' if n == 2 else 'triple'}."
+    return f"Then the {item} grow {n} times as many."
+
+
+EASY = Level("arith", (2, 30), (2, 4), (1, 20), (2, 3), 60, doubles=True)
+# For RL to have room: 4-6 steps over two-digit numbers, multiplying by 2 to 5.
+HARD = Level("arith-hard", (10, 99), (4, 6), (10, 99), (2, 5), 200, doubles=False)
+
+
+def problem(seed: int, index: int, level: Level = EASY) -> dict:
   """One problem: {'prompt', 'response', 'answer'} (answer is the final number as text)."""
-  rng = random.Random(f"arith:{seed}:{index}")
+  rng = random.Random(f"{level.key}:{seed}:{index}")
   name, item = rng.choice(NAMES), rng.choice(ITEMS)
-  value = rng.randint(2, 30)
+  value = rng.randint(*level.start)
   story = [f"{name} has {value} {item}."]
   work = [f"{name} starts with {value} {item}."]
-  for _ in range(rng.randint(2, 4)):
-    op = rng.choice(("add", "sub", "mul") if value < 60 else ("add", "sub"))
+  for _ in range(rng.randint(*level.steps)):
+    op = rng.choice(("add", "sub", "mul") if value < level.mul_below else ("add", "sub"))
     if op == "add":
-      n = rng.randint(1, 20)
+      n = rng.randint(*level.add)
       story.append(f"Then {name} gets {n} more.")
       work.append(f"{value} + {n} = {value + n}.")
       value += n
@@ -37,8 +61,8 @@ def problem(seed: int, index: int) -> dict:
       work.append(f"{value} - {n} = {value - n}.")
       value -= n
     else:
-      n = rng.randint(2, 3)
-      story.append(f"Then the {item} {'double' if n == 2 else 'triple'}.")
+      n = rng.randint(*level.times)
+      story.append(level.grows(item, n))
       work.append(f"{value} * {n} = {value * n}.")
       value *= n
   question = " ".join(story) + f" How many {item} does {name} have now?"
@@ -46,48 +70,18 @@ def problem(seed: int, index: int) -> dict:
   return {"prompt": question, "response": response, "answer": str(value)}
 
 
-def hard_problem(seed: int, index: int) -> dict:
-  """A harder problem for RL to have room: 4-6 steps over two-digit numbers, multiplying by
-  2 to 5, in the same words and the same worked format as `problem`."""
-  rng = random.Random(f"arith-hard:{seed}:{index}")
-  name, item = rng.choice(NAMES), rng.choice(ITEMS)
-  value = rng.randint(10, 99)
-  story = [f"{name} has {value} {item}."]
-  work = [f"{name} starts with {value} {item}."]
-  for _ in range(rng.randint(4, 6)):
-    op = rng.choice(("add", "sub", "mul") if value < 200 else ("add", "sub"))
-    if op == "add":
-      n = rng.randint(10, 99)
-      story.append(f"Then {name} gets {n} more.")
-      work.append(f"{value} + {n} = {value + n}.")
-      value += n
-    elif op == "sub" and value > 1:
-      n = rng.randint(1, value - 1)
-      story.append(f"Then {name} gives away {n}.")
-      work.append(f"{value} - {n} = {value - n}.")
-      value -= n
-    else:
-      n = rng.randint(2, 5)
-      story.append(f"Then the {item} grow {n} times as many.")
-      work.append(f"{value} * {n} = {value * n}.")
-      value *= n
-  question = " ".join(story) + f" How many {item} does {name} have now?"
-  response = " ".join(work) + f" The answer is {value}."
-  return {"prompt": question, "response": response, "answer": str(value)}
-
-
-LEVELS = {"easy": problem, "hard": hard_problem}
+LEVELS = {"easy": EASY, "hard": HARD}
 
 
 def split(seed: int, size: int, exclude: set[str] | None = None, offset: int = 0,
           level: str = "easy") -> list[dict]:
-  """`size` distinct problems of `level` (easy: `problem`, hard: `hard_problem`); questions
-  in `exclude` (another split's) are skipped."""
-  make = LEVELS[level]
+  """`size` distinct problems of `level` (a name in LEVELS); questions in `exclude`
+  (another split's) are skipped."""
+  drawn = LEVELS[level]
   seen = set(exclude or ())
   out, index = [], offset
   while len(out) < size:
-    p = make(seed, index)
+    p = problem(seed, index, drawn)
     index += 1
     if p["prompt"] not in seen:
       seen.add(p["prompt"])
