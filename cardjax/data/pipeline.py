@@ -286,8 +286,8 @@ def _prefetched(it: grain.IterDataset, workers: int) -> grain.IterDataset:
 
 def host_datasets(source, tokenizer: Tokenizer, spec: PipelineSpec,
                   process_index: int | None = None, process_count: int | None = None,
-                  ) -> dict[int, grain.IterDataset]:
-  """{shard: its IterDataset} for the shards this host reads."""
+                  ) -> tuple[int, dict[int, grain.IterDataset]]:
+  """(the run's shard count, {shard: its IterDataset} for the shards this host reads)."""
   spec.validate()
   index, count = host_slice(process_index, process_count)
   if spec.batch_size % count:
@@ -305,15 +305,17 @@ def host_datasets(source, tokenizer: Tokenizer, spec: PipelineSpec,
   if spec.num_workers:  # the workers are shared out over this host's shards
     workers = max(1, spec.num_workers // len(mine))
     datasets = {s: _prefetched(ds, workers) for s, ds in datasets.items()}
-  return datasets
+  return shards, datasets
 
 
 class HostBatches:
   """This host's batches: the rows of its shards side by side, in shard order (so hosts
-  in process order give the global batch). Iterating starts the shards' iterators."""
+  in process order give the global batch). Iterating starts the shards' iterators.
+  `shards`: the run's shard count; `owned`: the shards this host reads."""
 
-  def __init__(self, datasets: dict[int, grain.IterDataset], pad_id: int):
-    self.datasets, self.pad_id = datasets, pad_id
+  def __init__(self, shards: int, datasets: dict[int, grain.IterDataset], pad_id: int):
+    self.shards, self.datasets, self.pad_id = shards, datasets, pad_id
+    self.owned = list(datasets)
 
   def __iter__(self) -> "HostIterator":
     return HostIterator({s: iter(ds) for s, ds in self.datasets.items()}, self.pad_id)
@@ -365,7 +367,7 @@ def make_dataset(source, tokenizer: Tokenizer, spec: PipelineSpec,
                  process_index: int | None = None,
                  process_count: int | None = None) -> HostBatches:
   """This host's batches (dicts of [per-host rows, seq_len]), to iterate."""
-  return HostBatches(host_datasets(source, tokenizer, spec, process_index, process_count),
+  return HostBatches(*host_datasets(source, tokenizer, spec, process_index, process_count),
                      tokenizer.pad_id)
 
 
@@ -406,10 +408,8 @@ class DataLoader:
         raise CardjaxError(
             f"data.batch_size={spec.batch_size} does not split over the {rows} devices that "
             f"hold batch rows (mesh axes {' x '.join(axes)}); use a multiple of {rows}")
-    index, count = host_slice(process_index, process_count)
-    self.dataset = make_dataset(source, tokenizer, spec, index, count)
-    self.shards = data_shards.count(spec.shards, count, spec.batch_size)
-    self.owned = data_shards.owned(index, count, self.shards)
+    self.dataset = make_dataset(source, tokenizer, spec, process_index, process_count)
+    self.shards, self.owned = self.dataset.shards, self.dataset.owned
     self._it = iter(self.dataset)
     _LIVE.add(self)
 
