@@ -83,10 +83,10 @@ class StagedCheckpoints:
     self._write_ids({k: v for k, v in ids.items() if k in committed})
     return self.local
 
-  def push(self, step: int, keep: int | None = None, kept: set[int] | None = None) -> None:
+  def push(self, step: int, kept: set[int] | None = None) -> None:
     """Upload finished local step `step`, its marker last; then delete the bucket's steps
-    beyond the newest `keep`, or those not in `kept` (marker first, so a half-deleted step
-    is never read)."""
+    not in `kept` (None: delete none), marker first, so a half-deleted step is never
+    read."""
     target = self.remote / str(step)
     if target.exists():  # an earlier, unfinished upload of this step
       self._delete(step)
@@ -102,9 +102,6 @@ class StagedCheckpoints:
       for old in sorted(self.committed()):
         if old not in kept and old != step:
           self._delete(old)
-    elif keep:
-      for old in sorted(self.committed())[:-keep]:
-        self._delete(old)
 
   def _delete(self, step: int) -> None:
     target = self.remote / str(step)

@@ -105,7 +105,7 @@ class StallWatchdog:
               "thread follows; exiting with status %d for the launcher to restart", waited,
               limit, self.steps, STALLED)
     try:
-      for stream in [h for h in logging.getLogger().handlers + log.handlers] + [sys.stderr]:
+      for stream in logging.getLogger().handlers + log.handlers + [sys.stderr]:
         try:
           stream.flush()
         except (AttributeError, ValueError, OSError):  # a stream closed under us
