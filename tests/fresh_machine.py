@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from launch_helpers import one_device_flags
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -42,9 +44,7 @@ def fresh_environment(tmp: Path, bin_dir: Path | None = None) -> dict:
     path.mkdir(parents=True, exist_ok=True)
     assert not any(path.iterdir()), path
     env[name] = str(path)
-  flags = env.get("XLA_FLAGS", "").split()
-  env["XLA_FLAGS"] = " ".join(f for f in flags
-                              if not f.startswith("--xla_force_host_platform_device_count"))
+  env["XLA_FLAGS"] = one_device_flags(env.get("XLA_FLAGS", ""))
   env.pop("PYTHONPATH", None)
   bin_dir = bin_dir or Path(sys.executable).parent
   env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"

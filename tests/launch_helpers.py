@@ -29,11 +29,17 @@ def checkout_env(base: dict) -> dict:
   return {**base, "PYTHONPATH": os.pathsep.join([str(ROOT), base.get("PYTHONPATH", "")])}
 
 
+def one_device_flags(flags: str) -> str:
+  """XLA_FLAGS less the tests' simulated device count (conftest's 8): a subprocess that
+  stands for one host or one user's machine gets one CPU device; other flags stay."""
+  return " ".join(f for f in flags.split()
+                  if not f.startswith("--xla_force_host_platform_device_count"))
+
+
 def two_process_env(base: dict) -> dict:
   """The environment of launch/local.sh's two processes: one CPU device each (no forced
   device count; the tests' cheaper-compile flags are kept) and a free coordinator port."""
   env = checkout_env(base)
-  env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                              if not f.startswith("--xla_force_host_platform_device_count"))
+  env["XLA_FLAGS"] = one_device_flags(env.get("XLA_FLAGS", ""))
   env["CARDJAX_PORT"] = str(portpicker.pick_unused_port())
   return env

@@ -14,6 +14,8 @@ import orbax.checkpoint as ocp
 import portpicker
 from flax import nnx
 
+from launch_helpers import one_device_flags
+
 from cardjax import checkpoint
 from cardjax.config import base_config
 from cardjax.data.tokenizer import train_bpe
@@ -64,8 +66,7 @@ def save_run(model, run, tokenizer_dir, objective: str, **settings):
 def server_env() -> dict:
   """The test environment less conftest's 8 simulated devices: the server decodes on one."""
   env = dict(os.environ)
-  flags = env.get("XLA_FLAGS", "").replace("--xla_force_host_platform_device_count=8", "")
-  env["XLA_FLAGS"] = flags.strip()
+  env["XLA_FLAGS"] = one_device_flags(env.get("XLA_FLAGS", ""))
   return env
 
 
